@@ -1,0 +1,37 @@
+# The three commands of the contract: `make`, `make test`, `make bench`. CMake and Ninja do the work.
+BUILD ?= build
+CMAKE_FLAGS ?=
+JOBS ?= $(shell nproc)
+
+.PHONY: all test test-stress tsan asan bench clean
+
+all: $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+# Every test except the long stress runs (label "stress"), which `make test-stress` runs.
+test: all
+	ctest --test-dir $(BUILD) --output-on-failure -j 2 -LE stress
+
+test-stress: all
+	ctest --test-dir $(BUILD) --output-on-failure -L stress
+
+# The library's own tests under ThreadSanitizer (concurrency tests) and AddressSanitizer+UBSan (API tests).
+# These builds leave out the malloc overrides: the sanitizers bring their own malloc.
+tsan:
+	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTH_SANITIZE=thread
+	cmake --build build-tsan -j $(JOBS)
+	ctest --test-dir build-tsan --output-on-failure -L tsan
+
+asan:
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTH_SANITIZE=address
+	cmake --build build-asan -j $(JOBS)
+	ctest --test-dir build-asan --output-on-failure -L asan
+
+bench: all
+	bash bench/run.sh
+
+clean:
+	rm -rf $(BUILD) build-tsan build-asan

@@ -1,0 +1,119 @@
+/* alloc.c: the allocation entry points: th_malloc (the fast path), calloc, realloc, and aligned allocation. */
+#include <errno.h>
+#include <string.h>
+
+#include "internal.h"
+#include "os.h"
+
+/* A word written just below a block handed out at an offset for alignment, so that free can tell such a
+ * pointer from an interior pointer. */
+#define TH_ALIGN_SALT ((uintptr_t)0x5a17a11c0ffee5edULL)
+
+/* The fast path: a table lookup and a pop, no lock, no atomic (about 12 instructions, two branches). */
+TH_API void *th_malloc(size_t size) {
+  th_heap_t *heap = th_heap_tls;
+  if (th_likely(size <= TH_DIRECT_MAX)) {
+    th_page_t *page = heap->direct[(size + 15) >> 4];
+    th_block_t *b = page->free;
+    if (th_likely(b != NULL)) {
+      page->free = b->next;
+      page->used++;
+      b->tag = 0;
+      return b;
+    }
+  }
+  return heap_malloc_slow(heap, size);
+}
+
+static inline bool too_large(size_t size) { return size > (size_t)PTRDIFF_MAX - 2 * TH_SEGMENT_SIZE; }
+
+TH_API void *th_calloc(size_t count, size_t size) {
+  size_t total;
+  if (th_unlikely(__builtin_mul_overflow(count, size, &total) || too_large(total))) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  if (total > TH_LARGE_MAX) return huge_alloc(total, 16, true);
+  void *p = th_malloc(total);
+  if (p) memset(p, 0, total);
+  return p;
+}
+
+TH_API void *th_realloc(void *p, size_t size) {
+  if (p == NULL) return th_malloc(size);
+  th_segment_t *seg;
+  th_page_t *page;
+  free_check_block(p, TH_OP_REALLOC, &seg, &page);
+  if (size == 0) { /* glibc: realloc(p, 0) frees p and returns NULL */
+    th_free(p);
+    return NULL;
+  }
+  if (too_large(size)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  size_t usable = free_usable_size(page, p);
+  if (seg->kind == TH_KIND_HUGE && size > TH_LARGE_MAX)
+    return huge_realloc(seg, p, size);
+  /* In place while the block is big enough and not more than twice too big. */
+  if (size <= usable && size >= usable / 2) return p;
+  void *q = th_malloc(size);
+  if (q == NULL) return NULL; /* the old block stays as it was */
+  memcpy(q, p, size < usable ? size : usable);
+  th_free(p);
+  return q;
+}
+
+TH_API void *th_reallocarray(void *p, size_t count, size_t size) {
+  size_t total;
+  if (__builtin_mul_overflow(count, size, &total)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  return th_realloc(p, total);
+}
+
+/* alignment is a power of two greater than 16. Blocks that fit a heap page are taken with room to spare and
+ * handed out at an aligned offset of at least 32 bytes (the word below says so); the rest are huge blocks. */
+void *alloc_aligned(size_t alignment, size_t size) {
+  if (too_large(size) || alignment > ((size_t)1 << 40)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  if (alignment <= TH_LARGE_MAX / 4 && size + alignment + 16 <= TH_LARGE_MAX) {
+    uint8_t *b = th_malloc(size + alignment + 16);
+    if (b == NULL || ((uintptr_t)b & (alignment - 1)) == 0) return b;
+    uintptr_t p = ((uintptr_t)b + 32 + alignment - 1) & ~(uintptr_t)(alignment - 1);
+    th_segment_t *seg = segment_lookup(b);
+    segment_page_of(seg, b)->has_aligned = 1;
+    ((uintptr_t *)p)[-1] = th_key ^ p ^ TH_ALIGN_SALT;
+    return (void *)p;
+  }
+  return huge_alloc(size, alignment, false);
+}
+
+bool alloc_is_aligned_tag(const void *p) {
+  return ((const uintptr_t *)p)[-1] == (th_key ^ (uintptr_t)p ^ TH_ALIGN_SALT);
+}
+
+/* glibc's memalign: alignments up to 16 are plain mallocs, others round up to a power of two. */
+TH_API void *th_memalign(size_t alignment, size_t size) {
+  if (alignment <= 16) return th_malloc(size);
+  if (alignment > SIZE_MAX / 2 + 1) {
+    errno = EINVAL;
+    return NULL;
+  }
+  if (alignment & (alignment - 1)) alignment = (size_t)1 << (64 - __builtin_clzl(alignment));
+  return alloc_aligned(alignment, size);
+}
+
+/* glibc 2.36's aligned_alloc is memalign. */
+TH_API void *th_aligned_alloc(size_t alignment, size_t size) { return th_memalign(alignment, size); }
+
+TH_API int th_posix_memalign(void **out, size_t alignment, size_t size) {
+  if (alignment % sizeof(void *) != 0 || (alignment & (alignment - 1)) != 0 || alignment == 0) return EINVAL;
+  void *p = alignment <= 16 ? th_malloc(size) : alloc_aligned(alignment, size);
+  if (p == NULL) return ENOMEM;
+  *out = p;
+  return 0;
+}

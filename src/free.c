@@ -1,0 +1,205 @@
+/* free.c: th_free (the fast path for the owner thread), the remote path for every other thread, and the
+ * checks that stop the process on a double free, an invalid or an interior pointer (free_check_block). */
+#include <errno.h>
+
+#include "internal.h"
+#include "os.h"
+
+/* Is p the start of a block the page has carved? Multiply-shift in place of a division. */
+static inline bool page_is_block(const th_page_t *page, const void *p) {
+  size_t off = (size_t)((const uint8_t *)p - page->start);
+  size_t idx = (size_t)(((uint64_t)off * page->block_magic) >> 44);
+  return idx < page->capacity && idx * page->block_size == off;
+}
+
+static inline uintptr_t free_tag(const void *block) { return th_key ^ (uintptr_t)block; }
+
+/* The fast path: owner thread, a block start, not tagged as free. No lock, no atomic read-modify-write. */
+TH_API void th_free(void *p) {
+  th_segment_t *seg = segment_lookup(p);
+  if (th_likely(seg != NULL)) {
+    th_page_t *page = segment_page_of(seg, p);
+    th_block_t *b = p;
+    if (th_likely(atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id() &&
+                  page_is_block(page, p) && b->tag != free_tag(b))) {
+      b->next = page->local_free;
+      page->local_free = b;
+      b->tag = free_tag(b);
+      if (th_unlikely(--page->used == 0 || page->in_full)) heap_free_local(th_heap_tls, page, b);
+      return;
+    }
+  }
+  free_slow(p);
+}
+
+void free_slow(void *p) {
+  if (p == NULL) return;
+  int saved_errno = errno; /* free never changes errno, even when it unmaps */
+  th_segment_t *seg;
+  th_page_t *page;
+  th_block_t *b = free_check_block(p, TH_OP_FREE, &seg, &page);
+  if (seg->kind == TH_KIND_HUGE) {
+    huge_free(seg, p, TH_OP_FREE);
+  } else if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id()) {
+    b->next = page->local_free;
+    page->local_free = b;
+    b->tag = free_tag(b);
+    if (--page->used == 0 || page->in_full) heap_free_local(th_heap_tls, page, b);
+  } else {
+    b->tag = free_tag(b);
+    page_push_remote(page, b);
+  }
+  errno = saved_errno;
+}
+
+/* A free block's next word is NULL or another block of the same page: the second witness that a tagged
+ * block is really free, for threads that may not walk the owner's lists. */
+static bool next_is_plausible(const th_page_t *page, const th_block_t *b) {
+  return b->next == NULL || page_is_block(page, b->next);
+}
+
+th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, th_page_t **page_out) {
+  th_segment_t *seg = segment_lookup(p);
+  if (seg == NULL) report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0);
+  *seg_out = seg;
+  if (seg->kind == TH_KIND_HUGE) {
+    th_page_t *page = &seg->pages[0];
+    *page_out = page;
+    if (p != page->start) report_misuse(TH_MISUSE_INTERIOR, op, p, page->start, free_usable_size(page, page->start));
+    if (atomic_load_explicit(&seg->huge_live, memory_order_acquire) != 1)
+      report_misuse(TH_MISUSE_FREED, op, p, p, free_usable_size(page, p));
+    return (th_block_t *)p;
+  }
+  th_page_t *page = segment_page_of(seg, p);
+  *page_out = page;
+  if (!page->in_use || page->capacity == 0) {
+    /* A page freed after all its blocks were: a block start that still carries its tag was freed twice. */
+    if (((uintptr_t)p & 15) == 0 && ((const th_block_t *)p)->tag == free_tag(p))
+      report_misuse(TH_MISUSE_FREED, op, p, p, 0);
+    report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0);
+  }
+  const uint8_t *u = p;
+  if (u < page->start || u >= page->start + (size_t)page->capacity * page->block_size)
+    report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0);
+  size_t rem = page_block_offset(page, p);
+  th_block_t *b = (th_block_t *)(u - rem);
+  if (rem != 0 && !(page->has_aligned && rem >= 32 && ((uintptr_t)p & 15) == 0 && alloc_is_aligned_tag(p)))
+    report_misuse(TH_MISUSE_INTERIOR, op, p, b, page->block_size);
+  if (th_unlikely(b->tag == free_tag(b))) {
+    bool freed;
+    if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id()) {
+      page_collect(page); /* the owner may look at all three lists */
+      freed = page_list_contains(page, b);
+    } else {
+      freed = next_is_plausible(page, b);
+    }
+    if (freed) report_misuse(TH_MISUSE_FREED, op, p, b, free_usable_size(page, p));
+  }
+  return b;
+}
+
+size_t free_usable_size(const th_page_t *page, const void *p) {
+  if (page->block_size == 0) { /* huge */
+    const th_segment_t *seg = segment_of_page(page);
+    return (size_t)((const uint8_t *)seg + seg->size - (const uint8_t *)p);
+  }
+  const uint8_t *block = (const uint8_t *)p - page_block_offset(page, p);
+  return (size_t)(block + page->block_size - (const uint8_t *)p);
+}
+
+TH_API size_t th_usable_size(const void *p) {
+  if (p == NULL) return 0;
+  th_segment_t *seg;
+  th_page_t *page;
+  free_check_block(p, TH_OP_USABLE_SIZE, &seg, &page);
+  return free_usable_size(page, p);
+}
+
+/* ---- messages: one line on stderr, written with write(2) and no allocation, then abort() */
+
+typedef struct line_s {
+  char buf[200];
+  size_t n;
+} line_t;
+
+static void put_str(line_t *l, const char *s) {
+  while (*s && l->n < sizeof l->buf - 1) l->buf[l->n++] = *s++;
+}
+
+static void put_hex(line_t *l, uintptr_t v) {
+  char tmp[20];
+  size_t n = 0;
+  do {
+    tmp[n++] = "0123456789abcdef"[v & 15];
+    v >>= 4;
+  } while (v);
+  put_str(l, "0x");
+  while (n > 0 && l->n < sizeof l->buf - 1) l->buf[l->n++] = tmp[--n];
+}
+
+static void put_dec(line_t *l, size_t v) {
+  char tmp[24];
+  size_t n = 0;
+  do {
+    tmp[n++] = (char)('0' + v % 10);
+    v /= 10;
+  } while (v);
+  while (n > 0 && l->n < sizeof l->buf - 1) l->buf[l->n++] = tmp[--n];
+}
+
+static _Noreturn void finish(line_t *l) {
+  l->buf[l->n++] = '\n';
+  os_write_err(l->buf, l->n);
+  os_abort();
+}
+
+_Noreturn void report_misuse(th_misuse_t kind, th_op_t op, const void *p, const void *block, size_t size) {
+  static const char *op_names[] = {"free", "realloc", "malloc_usable_size"};
+  line_t l = {.n = 0};
+  put_str(&l, "threadheap: ");
+  if (kind == TH_MISUSE_FREED) {
+    if (op == TH_OP_FREE) {
+      put_str(&l, "double free at ");
+    } else {
+      put_str(&l, op_names[op]);
+      put_str(&l, " of a freed block at ");
+    }
+    put_hex(&l, (uintptr_t)p);
+    put_str(&l, " (size ");
+    put_dec(&l, size);
+    put_str(&l, ")");
+  } else if (kind == TH_MISUSE_INVALID) {
+    put_str(&l, op_names[op]);
+    put_str(&l, " of invalid pointer ");
+    put_hex(&l, (uintptr_t)p);
+    put_str(&l, " (not allocated by threadheap)");
+  } else {
+    put_str(&l, op_names[op]);
+    put_str(&l, " of interior pointer ");
+    put_hex(&l, (uintptr_t)p);
+    put_str(&l, " (block ");
+    put_hex(&l, (uintptr_t)block);
+    put_str(&l, ", size ");
+    put_dec(&l, size);
+    put_str(&l, ")");
+  }
+  finish(&l);
+}
+
+_Noreturn void report_fatal(const char *msg) {
+  line_t l = {.n = 0};
+  put_str(&l, "threadheap: ");
+  put_str(&l, msg);
+  finish(&l);
+}
+
+_Noreturn void report_assert(const char *cond, const char *file, int line) {
+  line_t l = {.n = 0};
+  put_str(&l, "threadheap: assertion failed: ");
+  put_str(&l, cond);
+  put_str(&l, " at ");
+  put_str(&l, file);
+  put_str(&l, ":");
+  put_dec(&l, (size_t)line);
+  finish(&l);
+}

@@ -1,0 +1,241 @@
+/* heap.c: a heap's page queues per size class and its direct table; the malloc slow path (heap_malloc_slow)
+ * that finds or makes a page with free blocks; retiring empty pages and purging them after the delay. */
+#include <errno.h>
+#include <string.h>
+
+#include "internal.h"
+#include "os.h"
+
+/* The heap every thread starts with: each direct slot names a page with no free block, so the first malloc
+ * of a thread takes the slow path, which gives the thread a heap of its own. */
+th_page_t th_page_empty;
+th_heap_t th_heap_empty = {.direct = {[0 ... TH_DIRECT_SLOTS - 1] = &th_page_empty}};
+
+void heap_init(th_heap_t *heap) {
+  memset(heap, 0, sizeof *heap);
+  for (size_t i = 0; i < TH_DIRECT_SLOTS; i++) heap->direct[i] = &th_page_empty;
+}
+
+/* Keep direct[] pointing at the first page of each small class (the invariant in types.h). */
+static void heap_direct_update(th_heap_t *heap, size_t c) {
+  size_t size = class_size(c);
+  if (size > TH_DIRECT_MAX) return;
+  th_page_t *page = heap->queues[c].first ? heap->queues[c].first : &th_page_empty;
+  size_t lo = c == 1 ? 0 : class_size(c - 1) / 16 + 1;
+  for (size_t w = lo; w <= size / 16; w++) heap->direct[w] = page;
+}
+
+static bool is_class_queue(const th_heap_t *heap, const th_page_queue_t *q) {
+  return q >= &heap->queues[0] && q < &heap->queues[TH_CLASS_COUNT];
+}
+
+void heap_queue_remove(th_heap_t *heap, th_page_queue_t *q, th_page_t *page) {
+  bool was_first = q->first == page;
+  if (page->prev) page->prev->next = page->next;
+  else q->first = page->next;
+  if (page->next) page->next->prev = page->prev;
+  else q->last = page->prev;
+  page->next = page->prev = NULL;
+  if (was_first && is_class_queue(heap, q)) heap_direct_update(heap, (size_t)(q - heap->queues));
+}
+
+static void queue_push_front(th_heap_t *heap, th_page_queue_t *q, th_page_t *page) {
+  page->prev = NULL;
+  page->next = q->first;
+  if (q->first) q->first->prev = page;
+  else q->last = page;
+  q->first = page;
+  if (is_class_queue(heap, q)) heap_direct_update(heap, (size_t)(q - heap->queues));
+}
+
+static void queue_push_back(th_heap_t *heap, th_page_queue_t *q, th_page_t *page) {
+  if (q->first == NULL) {
+    queue_push_front(heap, q, page);
+    return;
+  }
+  page->next = NULL;
+  page->prev = q->last;
+  q->last->next = page;
+  q->last = page;
+}
+
+void heap_page_insert(th_heap_t *heap, th_page_t *page) {
+  page->in_full = 0;
+  queue_push_back(heap, &heap->queues[page->class_idx], page);
+}
+
+/* Pages that other threads freed into while they sat in the full queue go back to their class queue.
+ * Called before any page is parked as full or retired, so that no page is on ready twice or after it is
+ * freed (see page_push_remote). */
+void heap_collect_ready(th_heap_t *heap) {
+  if (atomic_load_explicit(&heap->ready, memory_order_relaxed) == NULL) return;
+  th_page_t *page = atomic_exchange_explicit(&heap->ready, NULL, memory_order_acquire);
+  while (page) {
+    th_page_t *next = page->ready_next;
+    if (page->in_full) {
+      heap_queue_remove(heap, &heap->full, page);
+      page_clear_delay(page);
+      page_collect(page);
+      heap_page_insert(heap, page);
+    }
+    page = next;
+  }
+}
+
+/* An empty page goes back to its segment, except the last page of its class, which is kept (one page per
+ * class, against thrashing when a program frees its last block and allocates again); heap_purge frees that
+ * one too once it has been empty for the purge delay. */
+void heap_page_retire(th_heap_t *heap, th_page_t *page) {
+  th_page_queue_t *q = &heap->queues[page->class_idx];
+  if (q->first == page && page->next == NULL) {
+    page->free_since_ms = os_now_ms();
+    return;
+  }
+  heap_queue_remove(heap, q, page);
+  segment_page_free(heap, page);
+}
+
+/* The slow half of a free by the owner: the page was parked as full, or it became empty. */
+void heap_free_local(th_heap_t *heap, th_page_t *page, th_block_t *block) {
+  (void)block;
+  heap_collect_ready(heap);
+  if (page->in_full) {
+    heap_queue_remove(heap, &heap->full, page);
+    page_clear_delay(page);
+    page_collect(page);
+    heap_page_insert(heap, page);
+  }
+  if (page->used == 0) heap_page_retire(heap, page);
+}
+
+static void page_free_empty(th_heap_t *heap, th_page_t *page) {
+  page->free = page->local_free = NULL;
+  heap_queue_remove(heap, &heap->queues[page->class_idx], page);
+  segment_page_free(heap, page);
+}
+
+/* Return memory unused for the purge delay (everything with force): free page slots are purged, kept empty
+ * pages are freed, and the process-wide segment cache is trimmed. Runs on slow paths only. */
+void heap_purge(th_heap_t *heap, bool force) {
+  uint64_t now = os_now_ms();
+  uint64_t delay = (uint64_t)th_options.purge_delay;
+  for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
+    th_page_t *page = heap->queues[c].first;
+    if (page && page->used == 0 && page->next == NULL && (force || now - page->free_since_ms >= delay)) {
+      page_collect(page);
+      if (page->used == 0) page_free_empty(heap, page);
+    }
+  }
+  while (heap->purge.first && (force || now - heap->purge.first->free_since_ms >= delay)) {
+    th_page_t *page = heap->purge.first;
+    heap_queue_remove(heap, &heap->purge, page);
+    page->purge_pending = 0;
+    th_segment_t *seg = segment_of_page(page);
+    size_t size;
+    uint8_t *area = page_area(seg, (size_t)(page - seg->pages), &size);
+    size_t ps = os_page_size();
+    uintptr_t lo = align_up((uintptr_t)area, ps), hi = ((uintptr_t)area + size) & ~(uintptr_t)(ps - 1);
+    if (hi > lo) os_purge((void *)lo, hi - lo);
+    page->is_purged = 1;
+  }
+  segment_cache_purge(force);
+  /* Abandoned segments whose blocks other threads keep freeing would otherwise hold their memory until some
+   * thread runs short of pages: a live heap takes a few over on every purge round and frees what is empty. */
+  if (!force && heap != &th_heap_empty) {
+    for (int i = 0; i < 4; i++) {
+      th_kind_t kind = (th_kind_t)(heap->stat.slow_calls / 16 % TH_KINDS_PAGED);
+      if (!segment_try_adopt(heap, kind)) break;
+    }
+  }
+}
+
+/* Everything that can be given back now: remote frees collected, full pages revisited, empty pages freed. */
+void heap_collect(th_heap_t *heap) {
+  heap_collect_ready(heap);
+  for (th_page_t *page = heap->full.first, *next; page; page = next) {
+    next = page->next;
+    heap_queue_remove(heap, &heap->full, page);
+    page_clear_delay(page);
+    heap_page_insert(heap, page);
+  }
+  for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
+    for (th_page_t *page = heap->queues[c].first, *next; page; page = next) {
+      next = page->next;
+      page_collect(page);
+      if (page->used == 0) page_free_empty(heap, page);
+    }
+  }
+  heap_purge(heap, true);
+}
+
+/* A page of class c with a free block, moved to the front of its queue; NULL when out of memory. Each page
+ * looked at is either used or parked as full, so the scan is paid for by the allocations it enables. */
+static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
+  heap_collect_ready(heap);
+  th_page_queue_t *q = &heap->queues[c];
+  bool tried_adopt = false;
+  for (;;) {
+    for (th_page_t *page = q->first, *next; page; page = next) {
+      next = page->next;
+      if (page->free == NULL) {
+        page_collect(page);
+        if (page->local_free) {
+          page->free = page->local_free;
+          page->local_free = NULL;
+        } else if (page->capacity < page->reserved) {
+          page_extend(heap, page);
+        } else if (page_try_set_full(page)) {
+          heap_queue_remove(heap, q, page);
+          queue_push_back(heap, &heap->full, page);
+          page->in_full = 1;
+          continue;
+        } else {
+          page_collect(page);
+          page->free = page->local_free;
+          page->local_free = NULL;
+        }
+      }
+      if (q->first != page) {
+        heap_queue_remove(heap, q, page);
+        queue_push_front(heap, q, page);
+      }
+      return page;
+    }
+    if (tried_adopt) break;
+    tried_adopt = true;
+    th_kind_t kind = class_kind(c);
+    if (heap->segments[kind] != NULL && heap->segments[kind]->used_pages < heap->segments[kind]->page_count)
+      break; /* a free slot of our own comes before adopting */
+    if (!segment_try_adopt(heap, kind)) break;
+  }
+  th_page_t *page = segment_page_alloc(heap, class_kind(c));
+  if (page == NULL) return NULL;
+  th_segment_t *seg = segment_of_page(page);
+  page_init(page, seg, (size_t)(page - seg->pages), c);
+  page_extend(heap, page);
+  queue_push_front(heap, q, page);
+  return page;
+}
+
+void *heap_malloc_slow(th_heap_t *heap, size_t size) {
+  if (th_unlikely(heap == &th_heap_empty)) {
+    heap = thread_heap_init();
+    if (heap == NULL) {
+      errno = ENOMEM;
+      return NULL;
+    }
+  }
+  if ((++heap->stat.slow_calls & 15) == 0) heap_purge(heap, false);
+  if (size > TH_LARGE_MAX) return huge_alloc(size, 16, false);
+  th_page_t *page = heap_find_page(heap, size_class(size));
+  if (page == NULL) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  th_assert(page_is_valid(page));
+  th_block_t *b = page->free;
+  page->free = b->next;
+  page->used++;
+  b->tag = 0;
+  return b;
+}

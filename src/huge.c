@@ -1,0 +1,100 @@
+/* huge.c: blocks above TH_LARGE_MAX, each a segment of its own (huge_alloc): kept committed in the segment
+ * cache when freed, and grown or moved with mremap rather than copied. */
+#include <errno.h>
+#include <string.h>
+
+#include "internal.h"
+#include "os.h"
+
+static size_t huge_committed(const th_segment_t *seg, const void *p, size_t size) {
+  return align_up((size_t)((const uint8_t *)p - (const uint8_t *)seg) + size, os_page_size());
+}
+
+void *huge_alloc(size_t size, size_t alignment, bool zero) {
+  size_t header = segment_header_size(1);
+  size_t offset = align_up(header, alignment);
+  if (size > (size_t)PTRDIFF_MAX - offset - 2 * TH_SEGMENT_SIZE) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  size_t total = align_up(offset + size, TH_SEGMENT_SIZE);
+  th_segment_t *seg;
+  if (alignment <= TH_SEGMENT_SIZE) {
+    seg = segment_map_new(total, TH_KIND_HUGE);
+  } else {
+    /* Rare: a block aligned beyond a segment is mapped at that alignment and never comes from the cache. */
+    seg = os_map_aligned(total, alignment);
+    if (seg) {
+      memset(seg, 0, header);
+      seg->size = total;
+      seg->kind = TH_KIND_HUGE;
+      seg->page_shift = 63;
+      seg->page_count = 1;
+      seg->is_zero = 1;
+      segment_map_set(seg, total, true);
+    }
+  }
+  if (seg == NULL) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  uint8_t *p = (uint8_t *)seg + offset;
+  th_page_t *page = &seg->pages[0];
+  page->start = p;
+  page->in_use = 1;
+  seg->huge_committed = huge_committed(seg, p, size);
+  atomic_store_explicit(&seg->huge_live, 1, memory_order_release);
+  stats_committed((long)seg->huge_committed);
+  stats_count(&th_stats_global.huge_allocs);
+  if (zero && !seg->is_zero) memset(p, 0, size);
+  return p;
+}
+
+void huge_free(th_segment_t *seg, const void *p, th_op_t op) {
+  if (atomic_exchange_explicit(&seg->huge_live, 0, memory_order_acq_rel) != 1)
+    report_misuse(TH_MISUSE_FREED, op, p, p, free_usable_size(&seg->pages[0], p));
+  stats_committed(-(long)seg->huge_committed);
+  seg->is_zero = 0;
+  segment_release(seg);
+}
+
+void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
+  size_t offset = (size_t)((uint8_t *)p - (uint8_t *)seg);
+  size_t need = align_up(offset + size, TH_SEGMENT_SIZE);
+  size_t old = seg->size;
+  long committed_before = (long)seg->huge_committed;
+  if (need < old) {
+    /* Shrink in place: the tail goes back to the OS. */
+    segment_map_set((th_segment_t *)((uint8_t *)seg + need), old - need, false);
+    os_unmap((uint8_t *)seg + need, old - need);
+    seg->size = need;
+  } else if (need > old) {
+    if (os_remap(seg, old, need, NULL) != NULL) { /* grown in place */
+      segment_map_set(seg, need, true);
+      stats_os_map(need - old);
+    } else {
+      /* Move: reserve an aligned range, then let the kernel move the pages there (no copy). */
+      void *dest = os_map_aligned(need, TH_SEGMENT_SIZE);
+      if (dest == NULL) {
+        errno = ENOMEM;
+        return NULL;
+      }
+      stats_os_unmap(need);  /* the reservation is replaced, not added */
+      if (os_remap(seg, old, need, dest) == NULL) {
+        os_unmap(dest, need);
+        errno = ENOMEM;
+        return NULL;
+      }
+      segment_map_set(seg, old, false);
+      seg = dest;
+      segment_map_set(seg, need, true);
+      stats_os_map(need - old);
+    }
+    seg->size = need;
+  }
+  p = (uint8_t *)seg + offset;
+  seg->pages[0].start = p;
+  seg->huge_committed = huge_committed(seg, p, size);
+  stats_committed((long)seg->huge_committed - committed_before);
+  return p;
+}

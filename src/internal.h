@@ -1,0 +1,166 @@
+/* internal.h: the functions that cross files, grouped by the file that defines them, and the inline helpers
+ * that the fast paths share. Everything else is static. */
+#ifndef TH_INTERNAL_H
+#define TH_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "threadheap.h"
+#include "types.h"
+
+#define th_likely(x) __builtin_expect(!!(x), 1)
+#define th_unlikely(x) __builtin_expect(!!(x), 0)
+#define TH_NOINLINE __attribute__((noinline))
+#define TH_COLD __attribute__((cold, noinline))
+
+/* th_check stays on in release builds and stops the process; th_assert is for debug builds only. */
+#define th_check(cond, msg) \
+  do { \
+    if (th_unlikely(!(cond))) report_fatal(msg); \
+  } while (0)
+#ifdef TH_DEBUG
+#define th_assert(cond) \
+  do { \
+    if (!(cond)) report_assert(#cond, __FILE__, __LINE__); \
+  } while (0)
+#else
+#define th_assert(cond) ((void)0)
+#endif
+
+/* ---- free.c */
+typedef enum th_op_e { TH_OP_FREE, TH_OP_REALLOC, TH_OP_USABLE_SIZE } th_op_t;
+typedef enum th_misuse_e { TH_MISUSE_FREED, TH_MISUSE_INVALID, TH_MISUSE_INTERIOR } th_misuse_t;
+void free_slow(void *p);
+/* The block that p points to, checked: stops the process on an invalid, interior or freed pointer. */
+th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, th_page_t **page_out);
+size_t free_usable_size(const th_page_t *page, const void *p);
+_Noreturn void report_misuse(th_misuse_t kind, th_op_t op, const void *p, const void *block, size_t size);
+_Noreturn void report_fatal(const char *msg);
+_Noreturn void report_assert(const char *cond, const char *file, int line);
+
+/* ---- alloc.c */
+void *alloc_aligned(size_t alignment, size_t size);
+bool alloc_is_aligned_tag(const void *p);
+
+/* ---- heap.c */
+extern th_heap_t th_heap_empty;
+extern th_page_t th_page_empty;
+void *heap_malloc_slow(th_heap_t *heap, size_t size);
+void heap_init(th_heap_t *heap);
+void heap_queue_remove(th_heap_t *heap, th_page_queue_t *q, th_page_t *page);
+void heap_page_retire(th_heap_t *heap, th_page_t *page);
+void heap_page_insert(th_heap_t *heap, th_page_t *page);
+void heap_collect_ready(th_heap_t *heap);
+void heap_purge(th_heap_t *heap, bool force);
+void heap_collect(th_heap_t *heap);
+void heap_free_local(th_heap_t *heap, th_page_t *page, th_block_t *block);
+
+/* ---- page.c */
+void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_idx);
+bool page_extend(th_heap_t *heap, th_page_t *page);
+size_t page_collect(th_page_t *page);
+bool page_try_set_full(th_page_t *page);
+void page_clear_delay(th_page_t *page);
+void page_push_remote(th_page_t *page, th_block_t *block);
+bool page_list_contains(const th_page_t *page, const th_block_t *block);
+uint8_t *page_area(const th_segment_t *seg, size_t index, size_t *size_out);
+bool page_is_valid(const th_page_t *page);
+
+/* ---- segment.c */
+extern _Atomic(uint8_t) th_segment_map[TH_MAP_ENTRIES];
+th_segment_t *segment_lookup_slow(uintptr_t region, uint8_t back);
+void segment_map_set(th_segment_t *seg, size_t size, bool mapped);
+th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind);
+void segment_page_free(th_heap_t *heap, th_page_t *page);
+th_segment_t *segment_of_page(const th_page_t *page);
+size_t segment_header_size(size_t page_count);
+th_segment_t *segment_map_new(size_t size, th_kind_t kind);
+void segment_release(th_segment_t *seg);
+void segment_cache_purge(bool force);
+void segment_abandon(th_segment_t *seg);
+bool segment_try_adopt(th_heap_t *heap, th_kind_t kind);
+void segment_lock_all(void);
+void segment_unlock_all(bool child);
+
+/* ---- huge.c */
+void *huge_alloc(size_t size, size_t alignment, bool zero);
+void huge_free(th_segment_t *seg, const void *p, th_op_t op);
+void *huge_realloc(th_segment_t *seg, void *p, size_t size);
+
+/* ---- thread.c */
+extern __thread th_heap_t *th_heap_tls __attribute__((tls_model("initial-exec")));
+extern uintptr_t th_key;
+th_heap_t *thread_heap_init(void);
+void process_init(void);
+
+/* ---- options.c */
+typedef struct th_options_s {
+  long purge_delay;  /* THREADHEAP_PURGE_DELAY, ms */
+  long cache_max;    /* THREADHEAP_CACHE_MAX, bytes */
+  long show_stats;   /* THREADHEAP_SHOW_STATS */
+  long verbose;      /* THREADHEAP_VERBOSE */
+  long huge_pages;   /* THREADHEAP_HUGE_PAGES */
+} th_options_t;
+extern th_options_t th_options;
+void options_init(void);
+
+/* ---- stats.c */
+void stats_os_map(size_t size);
+void stats_os_unmap(size_t size);
+void stats_os_purge(size_t size);
+void stats_committed(long delta);
+void stats_cached(long delta);
+void stats_count(size_t *counter);
+void stats_add_remote(size_t n);
+extern th_stats_t th_stats_global;
+
+/* ---- shared inline helpers */
+
+static inline uintptr_t thread_id(void) { return (uintptr_t)__builtin_thread_pointer(); }
+
+/* Size class of a request: multiples of 16 to 128, then four classes per power of two (worst waste < 25%). */
+static inline size_t size_class(size_t n) {
+  if (n <= 128) return n <= 16 ? 1 : (n + 15) >> 4;
+  size_t w = n - 1;
+  size_t b = 63 - (size_t)__builtin_clzl(w);
+  return 8 + (b - 7) * 4 + ((w >> (b - 2)) & 3) + 1;
+}
+
+static inline size_t class_size(size_t c) {
+  if (c <= 8) return c * 16;
+  size_t k = c - 9, b = 7 + k / 4, q = k % 4;
+  return ((size_t)1 << b) + (q + 1) * ((size_t)1 << (b - 2));
+}
+
+static inline th_kind_t class_kind(size_t c) {
+  size_t s = class_size(c);
+  return s <= TH_SMALL_MAX ? TH_KIND_SMALL : s <= TH_MEDIUM_MAX ? TH_KIND_MEDIUM : TH_KIND_LARGE;
+}
+
+/* The segment that holds p, or NULL when p is not in memory threadheap mapped. The map keeps a byte per
+ * 4 MiB region: 0 for memory not ours, k for "the segment starts k-1 regions back" (255: look again from
+ * there, for huge blocks longer than 254 regions). One load and a compare for every block but huge ones. */
+static inline th_segment_t *segment_lookup(const void *p) {
+  uintptr_t i = (uintptr_t)p >> TH_SEGMENT_SHIFT;
+  if (th_unlikely(i >= TH_MAP_ENTRIES)) return NULL;
+  uint8_t back = atomic_load_explicit(&th_segment_map[i], memory_order_relaxed);
+  if (th_likely(back == 1)) return (th_segment_t *)(i << TH_SEGMENT_SHIFT);
+  return segment_lookup_slow(i, back);
+}
+
+static inline th_page_t *segment_page_of(th_segment_t *seg, const void *p) {
+  return &seg->pages[((uintptr_t)p - (uintptr_t)seg) >> seg->page_shift];
+}
+
+/* Offset of p from the block that holds it: 0 for a block start. Multiply-shift, no division. */
+static inline size_t page_block_offset(const th_page_t *page, const void *p) {
+  size_t off = (size_t)((const uint8_t *)p - page->start);
+  size_t idx = (size_t)(((uint64_t)off * page->block_magic) >> 44);
+  return off - idx * page->block_size;
+}
+
+static inline size_t align_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }
+
+#endif /* TH_INTERNAL_H */

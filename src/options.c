@@ -1,0 +1,74 @@
+/* options.c: the THREADHEAP_* environment options, in one table, read once by options_init. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "os.h"
+
+/* Defaults hold until options_init runs from the library constructor, so allocations made before libc is
+ * ready (by the dynamic loader, or other constructors) never read the environment. */
+th_options_t th_options = {
+    .purge_delay = 250,
+    .cache_max = 512L << 20,
+    .show_stats = 0,
+    .verbose = 0,
+    .huge_pages = 0,
+};
+
+typedef struct option_desc_s {
+  const char *name; /* THREADHEAP_<NAME> */
+  long *value;
+  long min, max;
+  bool has_unit;    /* accepts a K, M or G suffix */
+} option_desc_t;
+
+static const option_desc_t option_table[] = {
+    {"THREADHEAP_PURGE_DELAY", &th_options.purge_delay, 0, 3600L * 1000, false},
+    {"THREADHEAP_CACHE_MAX", &th_options.cache_max, 0, 1L << 46, true},
+    {"THREADHEAP_SHOW_STATS", &th_options.show_stats, 0, 1, false},
+    {"THREADHEAP_VERBOSE", &th_options.verbose, 0, 2, false},
+    {"THREADHEAP_HUGE_PAGES", &th_options.huge_pages, 0, 1, false},
+};
+
+static void warn_option(const char *name, const char *text) {
+  char line[256];
+  size_t n = 0;
+  const char *parts[] = {"threadheap: ignoring malformed ", name, "='", text, "'; keeping the default\n"};
+  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+    for (const char *s = parts[i]; *s && n < sizeof line - 2; s++) line[n++] = *s;
+  }
+  if (line[n - 1] != '\n') line[n++] = '\n';
+  os_write_err(line, n);
+}
+
+/* Parse a decimal number with an optional K/M/G suffix, or the words on/off/true/false/yes/no. */
+static bool parse_value(const char *s, bool has_unit, long *out) {
+  if (!strcmp(s, "on") || !strcmp(s, "true") || !strcmp(s, "yes")) return *out = 1, true;
+  if (!strcmp(s, "off") || !strcmp(s, "false") || !strcmp(s, "no")) return *out = 0, true;
+  if (*s < '0' || *s > '9') return false;
+  char *end = NULL;
+  long v = strtol(s, &end, 10);
+  if (has_unit && *end) {
+    int shift = (*end == 'K' || *end == 'k') ? 10 : (*end == 'M' || *end == 'm') ? 20
+              : (*end == 'G' || *end == 'g') ? 30 : -1;
+    if (shift < 0 || v > (1L << (62 - shift))) return false;
+    v <<= shift;
+    end++;
+    if (*end == 'i' && end[1] == 'B') end += 2; /* KiB, MiB, GiB */
+    else if (*end == 'B') end++;
+  }
+  if (*end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+void options_init(void) {
+  for (size_t i = 0; i < sizeof option_table / sizeof option_table[0]; i++) {
+    const option_desc_t *o = &option_table[i];
+    const char *text = os_getenv(o->name);
+    if (text == NULL) continue;
+    long v;
+    if (!parse_value(text, o->has_unit, &v) || v < o->min || v > o->max) warn_option(o->name, text);
+    else *o->value = v;
+  }
+}

@@ -1,0 +1,37 @@
+/* os.h: the OS contract. Only os_linux.c makes system calls or reads the environment. */
+#ifndef TH_OS_H
+#define TH_OS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Read the page size and other facts once; safe before libc has finished starting. */
+void os_init(void);
+size_t os_page_size(void);
+
+/* Map size bytes of zeroed read-write memory aligned to align (a power of two >= the page size);
+ * NULL on failure with errno set. size and align are multiples of the page size. */
+void *os_map_aligned(size_t size, size_t align);
+/* Reserve address space only (no access); NULL on failure. */
+void *os_reserve(size_t size);
+void os_unmap(void *p, size_t size);
+/* Give the memory back to the OS; it reads as zero when next touched. p and size are page multiples. */
+void os_purge(void *p, size_t size);
+/* Touch the range so that later writes take no page fault. */
+void os_commit(void *p, size_t size);
+/* Ask for transparent huge pages on the range (THREADHEAP_HUGE_PAGES). */
+void os_advise_huge(void *p, size_t size);
+/* Grow or shrink a mapping at p. With dest NULL only in place; otherwise it moves onto dest (which the
+ * caller reserved). Returns the new address or NULL. */
+void *os_remap(void *p, size_t old_size, size_t new_size, void *dest);
+
+uint64_t os_now_ms(void);
+uint64_t os_random(void);
+/* The environment variable, or NULL; NULL as well in setuid/setgid programs (AT_SECURE). */
+const char *os_getenv(const char *name);
+/* Write to stderr with no allocation. */
+void os_write_err(const char *s, size_t n);
+_Noreturn void os_abort(void);
+
+#endif

@@ -1,0 +1,184 @@
+/* page.c: a page of one size class: set-up (page_init), carving (page_extend), and its three free lists,
+ * including the lock-free thread_free stack that other threads push onto (page_push_remote). */
+#include <string.h>
+
+#include "internal.h"
+#include "os.h"
+
+static inline void cpu_relax(void) { __builtin_ia32_pause(); }
+
+static inline th_block_t *tf_block(uintptr_t tf) { return (th_block_t *)(tf & ~TH_TF_MASK); }
+static inline uintptr_t tf_state(uintptr_t tf) { return tf & TH_TF_MASK; }
+
+uint8_t *page_area(const th_segment_t *seg, size_t index, size_t *size_out) {
+  uint8_t *start = (uint8_t *)seg + (index << seg->page_shift);
+  uint8_t *end = start + ((size_t)1 << (seg->page_shift < TH_SEGMENT_SHIFT ? seg->page_shift : TH_SEGMENT_SHIFT));
+  if (index == 0) start += segment_header_size(seg->page_count);
+  *size_out = (size_t)(end - start);
+  return start;
+}
+
+void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_idx) {
+  size_t area_size;
+  uint8_t *area = page_area(seg, index, &area_size);
+  size_t bsize = class_size(class_idx);
+  page->start = area;
+  page->block_size = (uint32_t)bsize;
+  page->block_magic = (((uint64_t)1 << 44) + bsize - 1) / bsize;
+  page->reserved = (uint32_t)(area_size / bsize);
+  page->capacity = 0;
+  page->used = 0;
+  page->free = page->local_free = NULL;
+  page->class_idx = (uint8_t)class_idx;
+  page->in_full = 0;
+  page->has_aligned = 0;
+  page->committed = 0;
+  atomic_store_explicit(&page->thread_free, 0, memory_order_relaxed);
+  th_assert(page->reserved >= 1);
+}
+
+/* Carve up to TH_EXTEND_BYTES more blocks (at least one) onto the free list. Carving lazily keeps untouched
+ * memory out of RSS and the first touch of each OS page close to its first use. */
+bool page_extend(th_heap_t *heap, th_page_t *page) {
+  size_t bsize = page->block_size;
+  size_t n = TH_EXTEND_BYTES / bsize;
+  if (n == 0) n = 1;
+  if (n > page->reserved - page->capacity) n = page->reserved - page->capacity;
+  if (n == 0) return false;
+  uint8_t *first = page->start + (size_t)page->capacity * bsize;
+  size_t ps = os_page_size();
+  uintptr_t base = (uintptr_t)page->start & ~(uintptr_t)(ps - 1);
+  size_t committed = align_up((uintptr_t)first + n * bsize - base, ps);
+  if (committed > page->committed) {
+    size_t delta = committed - page->committed;
+    heap->stat.committed += delta;
+    stats_committed((long)delta);
+    page->committed = (uint32_t)committed;
+  }
+  th_block_t *b = (th_block_t *)first;
+  for (size_t i = 0; i + 1 < n; i++) {
+    th_block_t *next = (th_block_t *)((uint8_t *)b + bsize);
+    b->next = next;
+    b = next;
+  }
+  b->next = page->free;
+  page->free = (th_block_t *)first;
+  page->capacity += (uint32_t)n;
+  page->is_purged = 0;
+  return true;
+}
+
+/* Fold the blocks other threads freed into local_free. Owner only. Returns how many. */
+size_t page_collect(th_page_t *page) {
+  uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
+  if (tf_block(tf) == NULL) return 0;
+  /* Keep the state bits: a remote free in FREEING retries its push against the emptied list. */
+  while (!atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, tf_state(tf), memory_order_acquire,
+                                                memory_order_relaxed)) {
+  }
+  th_block_t *head = tf_block(tf);
+  if (head == NULL) return 0;
+  size_t n = 1;
+  th_block_t *tail = head;
+  while (tail->next) {
+    tail = tail->next;
+    n++;
+  }
+  tail->next = page->local_free;
+  page->local_free = head;
+  th_assert(page->used >= n);
+  page->used -= (uint32_t)n;
+  stats_add_remote(n);
+  return n;
+}
+
+/* Ask to be told about the next remote free. False when blocks arrived meanwhile: collect them instead. */
+bool page_try_set_full(th_page_t *page) {
+  uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
+  do {
+    if (tf_block(tf) != NULL) return false;
+  } while (!atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, (uintptr_t)TH_TF_FULL,
+                                                  memory_order_acq_rel, memory_order_relaxed));
+  return true;
+}
+
+/* Back to NORMAL: no remote free will name the owner heap after this returns. Owner only. */
+void page_clear_delay(th_page_t *page) {
+  uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
+  for (;;) {
+    if (tf_state(tf) == TH_TF_FREEING) {
+      cpu_relax();
+      tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
+      continue;
+    }
+    if (tf_state(tf) == TH_TF_NORMAL) return;
+    if (atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, (uintptr_t)tf_block(tf),
+                                              memory_order_acq_rel, memory_order_relaxed))
+      return;
+  }
+}
+
+/* A free by a thread that does not own the page: one CAS. The first remote free into a page its owner parked
+ * as full also puts the page on the owner heap's ready stack, so the owner finds it without scanning. */
+void page_push_remote(th_page_t *page, th_block_t *block) {
+  uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
+  for (;;) {
+    uintptr_t state = tf_state(tf);
+    if (state == TH_TF_FREEING) {
+      cpu_relax();
+      tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
+      continue;
+    }
+    if (state == TH_TF_FULL) {
+      if (!atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, (uintptr_t)tf_block(tf) | TH_TF_FREEING,
+                                                 memory_order_acq_rel, memory_order_relaxed))
+        continue;
+      /* While FREEING, the owner cannot abandon the heap (page_clear_delay waits), so heap stays valid. */
+      th_heap_t *heap = atomic_load_explicit(&segment_of_page(page)->heap, memory_order_acquire);
+      th_page_t *head = atomic_load_explicit(&heap->ready, memory_order_relaxed);
+      do {
+        page->ready_next = head;
+      } while (!atomic_compare_exchange_weak_explicit(&heap->ready, &head, page, memory_order_release,
+                                                      memory_order_relaxed));
+      tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
+      do {
+        block->next = tf_block(tf);
+      } while (!atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, (uintptr_t)block | TH_TF_NOTIFIED,
+                                                      memory_order_release, memory_order_relaxed));
+      return;
+    }
+    block->next = tf_block(tf);
+    if (atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, (uintptr_t)block | state,
+                                              memory_order_release, memory_order_relaxed))
+      return;
+  }
+}
+
+/* Is block on the page's free or local_free list? Owner only; the caller collects thread_free first. */
+bool page_list_contains(const th_page_t *page, const th_block_t *block) {
+  for (const th_block_t *b = page->free; b; b = b->next)
+    if (b == block) return true;
+  for (const th_block_t *b = page->local_free; b; b = b->next)
+    if (b == block) return true;
+  return false;
+}
+
+static size_t list_length(const th_page_t *page, const th_block_t *b, bool *ok) {
+  size_t n = 0;
+  for (; b; b = b->next) {
+    if ((uint8_t *)b < page->start || (uint8_t *)b >= page->start + (size_t)page->capacity * page->block_size ||
+        page_block_offset(page, b) != 0 || ++n > page->capacity) {
+      *ok = false;
+      return n;
+    }
+  }
+  return n;
+}
+
+bool page_is_valid(const th_page_t *page) {
+  if (!page->in_use) return page->free == NULL && page->local_free == NULL;
+  bool ok = page->capacity <= page->reserved && page->block_size >= 16 && page->block_size % 16 == 0;
+  size_t nfree = list_length(page, page->free, &ok);
+  size_t nlocal = list_length(page, page->local_free, &ok);
+  return ok && page->used + nfree + nlocal == page->capacity;
+}

@@ -1,0 +1,347 @@
+/* segment.c: segments, the 4 MiB aligned regions that heaps carve into pages (segment_page_alloc), the map
+ * from address to segment, the process-wide cache of free segments, and the list of abandoned segments. */
+#include <string.h>
+
+#include "internal.h"
+#include "os.h"
+
+/* 32 MiB of zero-initialised address space; only the bytes for regions we map are ever touched. */
+_Atomic(uint8_t) th_segment_map[TH_MAP_ENTRIES];
+
+/* The cache keeps free segments committed (newest first) so that a huge block or a new segment of a similar
+ * size costs no mmap, no page faults and no kernel zeroing. Entries older than the purge delay, or past the
+ * byte cap, are unmapped, always after the lock is released. */
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static th_segment_t *cache_first;
+static size_t cache_bytes;
+static _Atomic(uint64_t) cache_next_purge_ms;
+
+/* Abandoned segments, one list per page kind; a thread short of pages adopts from here before mapping. */
+static pthread_mutex_t abandoned_lock = PTHREAD_MUTEX_INITIALIZER;
+static th_segment_t *abandoned[TH_KINDS_PAGED];
+static _Atomic(size_t) abandoned_count;
+
+th_segment_t *segment_lookup_slow(uintptr_t region, uint8_t back) {
+  while (back == 255) {
+    if (region < 254) return NULL;
+    region -= 254;
+    back = atomic_load_explicit(&th_segment_map[region], memory_order_relaxed);
+  }
+  if (back == 0 || region < (uintptr_t)back - 1) return NULL;
+  return (th_segment_t *)((region - (back - 1)) << TH_SEGMENT_SHIFT);
+}
+
+void segment_map_set(th_segment_t *seg, size_t size, bool mapped) {
+  uintptr_t first = (uintptr_t)seg >> TH_SEGMENT_SHIFT;
+  size_t n = size >> TH_SEGMENT_SHIFT;
+  for (size_t i = 0; i < n; i++) {
+    /* Past 254 regions an entry says 255: "look again 254 regions back". */
+    uint8_t v = !mapped ? 0 : i < 254 ? (uint8_t)(i + 1) : 255;
+    atomic_store_explicit(&th_segment_map[first + i], v, memory_order_relaxed);
+  }
+}
+
+size_t segment_header_size(size_t page_count) {
+  return align_up(sizeof(th_segment_t) + page_count * sizeof(th_page_t), 256);
+}
+
+th_segment_t *segment_of_page(const th_page_t *page) {
+  return (th_segment_t *)((uintptr_t)page & ~(uintptr_t)(TH_SEGMENT_SIZE - 1));
+}
+
+/* ---- the cache */
+
+static void cache_unlink(th_segment_t *seg) {
+  if (seg->prev) seg->prev->next = seg->next;
+  else cache_first = seg->next;
+  if (seg->next) seg->next->prev = seg->prev;
+  seg->next = seg->prev = NULL;
+  seg->in_cache = 0;
+  cache_bytes -= seg->size;
+  stats_cached(-(long)seg->size);
+}
+
+static void segment_unmap(th_segment_t *seg) {
+  size_t size = seg->size;
+  segment_map_set(seg, size, false);
+  os_unmap(seg, size);
+}
+
+/* Unmap a chain linked through next (built under the lock, unmapped outside it). */
+static void unmap_chain(th_segment_t *seg) {
+  while (seg) {
+    th_segment_t *next = seg->next;
+    segment_unmap(seg);
+    seg = next;
+  }
+}
+
+/* A cached segment of at least size bytes and not much more; NULL if none. */
+static th_segment_t *cache_take(size_t size) {
+  if (cache_first == NULL) return NULL; /* racy peek: a miss only costs a map */
+  th_segment_t *found = NULL;
+  pthread_mutex_lock(&cache_lock);
+  for (th_segment_t *s = cache_first; s; s = s->next) {
+    if (s->size >= size && s->size <= size + size / 4) {
+      found = s;
+      if (s->size == size) break;
+    }
+  }
+  if (found) cache_unlink(found);
+  pthread_mutex_unlock(&cache_lock);
+  return found;
+}
+
+th_segment_t *segment_map_new(size_t size, th_kind_t kind) {
+  bool fresh = false;
+  th_segment_t *seg = cache_take(size);
+  if (seg) {
+    stats_count(&th_stats_global.cache_hits);
+  } else {
+    stats_count(&th_stats_global.cache_misses);
+    seg = os_map_aligned(size, TH_SEGMENT_SIZE);
+    if (seg == NULL) return NULL;
+    fresh = true;
+    if (th_options.huge_pages) os_advise_huge(seg, size);
+  }
+  size_t mapped = fresh ? size : seg->size;
+  size_t pages = kind == TH_KIND_SMALL ? TH_SEGMENT_SIZE >> TH_SMALL_PAGE_SHIFT
+               : kind == TH_KIND_MEDIUM ? TH_SEGMENT_SIZE >> TH_MEDIUM_PAGE_SHIFT : 1;
+  memset(seg, 0, segment_header_size(pages));
+  seg->size = mapped;
+  seg->kind = (uint8_t)kind;
+  seg->page_shift = kind == TH_KIND_SMALL ? TH_SMALL_PAGE_SHIFT
+                  : kind == TH_KIND_MEDIUM ? TH_MEDIUM_PAGE_SHIFT
+                  : kind == TH_KIND_LARGE ? TH_SEGMENT_SHIFT : 63;
+  seg->page_count = (uint32_t)pages;
+  seg->is_zero = fresh;
+  for (size_t i = 0; i < pages; i++) seg->pages[i].is_purged = fresh;
+  if (fresh) segment_map_set(seg, mapped, true);
+  return seg;
+}
+
+/* Give a segment with no live block back: into the cache, or to the OS when the cache cannot hold it. */
+void segment_release(th_segment_t *seg) {
+  atomic_store_explicit(&seg->thread_id, 0, memory_order_relaxed);
+  atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
+  if (seg->size > (size_t)th_options.cache_max || th_options.purge_delay == 0) {
+    segment_unmap(seg);
+    return;
+  }
+  th_segment_t *evict = NULL;
+  pthread_mutex_lock(&cache_lock);
+  seg->cached_since_ms = os_now_ms();
+  seg->in_cache = 1;
+  seg->prev = NULL;
+  seg->next = cache_first;
+  if (cache_first) cache_first->prev = seg;
+  cache_first = seg;
+  cache_bytes += seg->size;
+  stats_cached((long)seg->size);
+  while (cache_bytes > (size_t)th_options.cache_max) {
+    th_segment_t *last = cache_first;
+    while (last->next) last = last->next;
+    cache_unlink(last);
+    last->next = evict;
+    evict = last;
+  }
+  pthread_mutex_unlock(&cache_lock);
+  unmap_chain(evict);
+  uint64_t due = seg->cached_since_ms + (uint64_t)th_options.purge_delay;
+  uint64_t cur = atomic_load_explicit(&cache_next_purge_ms, memory_order_relaxed);
+  if (cur == 0 || due < cur) atomic_store_explicit(&cache_next_purge_ms, due, memory_order_relaxed);
+}
+
+/* Unmap cached segments unused for the purge delay (all of them with force). Cheap when nothing is due. */
+void segment_cache_purge(bool force) {
+  uint64_t now = os_now_ms();
+  uint64_t due = atomic_load_explicit(&cache_next_purge_ms, memory_order_relaxed);
+  if (!force && (due == 0 || now < due)) return;
+  th_segment_t *expired = NULL;
+  uint64_t next_due = 0;
+  pthread_mutex_lock(&cache_lock);
+  th_segment_t *s = cache_first;
+  while (s) {
+    th_segment_t *next = s->next;
+    uint64_t s_due = s->cached_since_ms + (uint64_t)th_options.purge_delay;
+    if (force || s_due <= now) {
+      cache_unlink(s);
+      s->next = expired;
+      expired = s;
+    } else if (next_due == 0 || s_due < next_due) {
+      next_due = s_due;
+    }
+    s = next;
+  }
+  atomic_store_explicit(&cache_next_purge_ms, next_due, memory_order_relaxed);
+  pthread_mutex_unlock(&cache_lock);
+  unmap_chain(expired);
+}
+
+/* ---- page slots of a heap's segments */
+
+static void heap_segment_link_front(th_heap_t *heap, th_segment_t *seg) {
+  th_segment_t **head = &heap->segments[seg->kind];
+  seg->prev = NULL;
+  seg->next = *head;
+  if (*head) (*head)->prev = seg;
+  *head = seg;
+}
+
+static void heap_segment_unlink(th_heap_t *heap, th_segment_t *seg) {
+  if (seg->prev) seg->prev->next = seg->next;
+  else heap->segments[seg->kind] = seg->next;
+  if (seg->next) seg->next->prev = seg->prev;
+  seg->next = seg->prev = NULL;
+}
+
+/* Segments with a free page slot stay at the front of the heap's list: a full one moves to the back. */
+static void heap_segment_move_back(th_heap_t *heap, th_segment_t *seg) {
+  if (seg->next == NULL) return;
+  heap_segment_unlink(heap, seg);
+  th_segment_t *last = heap->segments[seg->kind];
+  while (last->next) last = last->next;
+  last->next = seg;
+  seg->prev = last;
+}
+
+static void heap_segment_own(th_heap_t *heap, th_segment_t *seg) {
+  atomic_store_explicit(&seg->heap, heap, memory_order_release);
+  atomic_store_explicit(&seg->thread_id, heap->thread_id, memory_order_release);
+  heap_segment_link_front(heap, seg);
+}
+
+th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind) {
+  th_segment_t *seg = heap->segments[kind];
+  if (seg == NULL || seg->used_pages == seg->page_count) {
+    seg = segment_map_new(TH_SEGMENT_SIZE, kind);
+    if (seg == NULL) return NULL;
+    heap_segment_own(heap, seg);
+  }
+  /* Prefer a slot whose memory is still committed: it takes no page faults. */
+  th_page_t *page = NULL;
+  for (size_t i = 0; i < seg->page_count; i++) {
+    th_page_t *p = &seg->pages[i];
+    if (p->in_use) continue;
+    if (!p->is_purged) {
+      page = p;
+      break;
+    }
+    if (page == NULL) page = p;
+  }
+  th_assert(page != NULL);
+  if (page->purge_pending) {
+    heap_queue_remove(heap, &heap->purge, page);
+    page->purge_pending = 0;
+  }
+  page->in_use = 1;
+  if (++seg->used_pages == seg->page_count) heap_segment_move_back(heap, seg);
+  return page;
+}
+
+void segment_page_free(th_heap_t *heap, th_page_t *page) {
+  th_segment_t *seg = segment_of_page(page);
+  th_assert(page->in_use && page->used == 0);
+  heap->stat.committed -= page->committed;
+  stats_committed(-(long)page->committed);
+  page->committed = 0;
+  page->in_use = 0;
+  page->class_idx = 0;
+  page->free = page->local_free = NULL;
+  page->start = NULL; /* with block_size 0, any pointer into a free slot fails the block-start test */
+  page->block_size = 0;
+  page->block_magic = 0;
+  page->capacity = page->reserved = 0;
+  page->has_aligned = 0;
+  atomic_store_explicit(&page->thread_free, 0, memory_order_relaxed);
+  bool was_full = seg->used_pages == seg->page_count;
+  if (--seg->used_pages == 0) {
+    for (size_t i = 0; i < seg->page_count; i++) {
+      if (seg->pages[i].purge_pending) {
+        heap_queue_remove(heap, &heap->purge, &seg->pages[i]);
+        seg->pages[i].purge_pending = 0;
+      }
+    }
+    heap_segment_unlink(heap, seg);
+    segment_release(seg);
+    return;
+  }
+  if (was_full) {
+    heap_segment_unlink(heap, seg);
+    heap_segment_link_front(heap, seg);
+  }
+  if (!page->is_purged) {
+    page->free_since_ms = os_now_ms();
+    page->purge_pending = 1;
+    page->prev = heap->purge.last;
+    page->next = NULL;
+    if (heap->purge.last) heap->purge.last->next = page;
+    else heap->purge.first = page;
+    heap->purge.last = page;
+  }
+}
+
+/* ---- abandon and adopt */
+
+void segment_abandon(th_segment_t *seg) {
+  atomic_store_explicit(&seg->thread_id, 0, memory_order_release);
+  atomic_store_explicit(&seg->heap, NULL, memory_order_release);
+  pthread_mutex_lock(&abandoned_lock);
+  seg->prev = NULL;
+  seg->next = abandoned[seg->kind];
+  if (seg->next) seg->next->prev = seg;
+  abandoned[seg->kind] = seg;
+  atomic_fetch_add_explicit(&abandoned_count, 1, memory_order_relaxed);
+  pthread_mutex_unlock(&abandoned_lock);
+}
+
+/* Take over an abandoned segment of this kind: its live pages join the heap's queues, its empty pages are
+ * freed. False when none is waiting. */
+bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
+  if (atomic_load_explicit(&abandoned_count, memory_order_relaxed) == 0) return NULL;
+  pthread_mutex_lock(&abandoned_lock);
+  th_segment_t *seg = abandoned[kind];
+  if (seg) {
+    abandoned[kind] = seg->next;
+    if (seg->next) seg->next->prev = NULL;
+    atomic_fetch_sub_explicit(&abandoned_count, 1, memory_order_relaxed);
+  }
+  pthread_mutex_unlock(&abandoned_lock);
+  if (seg == NULL) return false;
+  stats_count(&th_stats_global.segments_adopted);
+  heap_segment_own(heap, seg);
+  for (size_t i = 0; i < seg->page_count; i++) {
+    th_page_t *page = &seg->pages[i];
+    if (!page->in_use) continue;
+    page->in_full = 0;
+    page_clear_delay(page);
+    page_collect(page);
+    heap->stat.committed += page->committed;
+    if (page->used == 0) {
+      page->free = page->local_free = NULL;
+      segment_page_free(heap, page);
+      if (seg->used_pages == 0) return true; /* released whole, into the cache */
+    } else {
+      heap_page_insert(heap, page);
+    }
+  }
+  if (seg->used_pages == seg->page_count) heap_segment_move_back(heap, seg);
+  return true;
+}
+
+/* ---- fork: the slow-path locks, taken before fork and released (or reset) after it */
+
+void segment_lock_all(void) {
+  pthread_mutex_lock(&abandoned_lock);
+  pthread_mutex_lock(&cache_lock);
+}
+
+void segment_unlock_all(bool child) {
+  if (child) {
+    pthread_mutex_init(&cache_lock, NULL);
+    pthread_mutex_init(&abandoned_lock, NULL);
+  } else {
+    pthread_mutex_unlock(&cache_lock);
+    pthread_mutex_unlock(&abandoned_lock);
+  }
+}

@@ -1,0 +1,136 @@
+/* thread.c: process start (process_init), a thread's first heap (thread_heap_init), and its end: the heap is
+ * abandoned, its segments wait for adoption, and its struct is kept for the next thread. Also fork. */
+#include <errno.h>
+#include <string.h>
+
+#include "internal.h"
+#include "os.h"
+
+__thread th_heap_t *th_heap_tls __attribute__((tls_model("initial-exec"))) = &th_heap_empty;
+
+/* Per-process random key for the double-free tag of free blocks. */
+uintptr_t th_key;
+
+static pthread_key_t heap_key;
+static _Atomic(int) init_state; /* 0: not started, 1: running, 2: done */
+
+/* Heap structs are never unmapped: a remote free may still be reading one (see page_push_remote). Unused
+ * ones wait in a pool for the next thread. */
+static pthread_mutex_t heaps_lock = PTHREAD_MUTEX_INITIALIZER;
+static th_heap_t *heaps_pool;
+static uint8_t *heaps_chunk;
+static size_t heaps_chunk_left;
+#define HEAPS_CHUNK_SIZE ((size_t)256 << 10)
+
+static void thread_done(void *arg);
+
+void process_init(void) {
+  if (th_likely(atomic_load_explicit(&init_state, memory_order_acquire) == 2)) return;
+  int expected = 0;
+  if (!atomic_compare_exchange_strong_explicit(&init_state, &expected, 1, memory_order_acq_rel,
+                                               memory_order_acquire)) {
+    while (atomic_load_explicit(&init_state, memory_order_acquire) != 2) __builtin_ia32_pause();
+    return;
+  }
+  os_init();
+  th_key = (uintptr_t)os_random();
+  if (pthread_key_create(&heap_key, thread_done) != 0) report_fatal("cannot create the thread key");
+  atomic_store_explicit(&init_state, 2, memory_order_release);
+}
+
+static th_heap_t *heap_struct_alloc(void) {
+  pthread_mutex_lock(&heaps_lock);
+  th_heap_t *heap = heaps_pool;
+  if (heap) {
+    heaps_pool = heap->next_free;
+  } else if (heaps_chunk_left >= sizeof(th_heap_t)) {
+    heap = (th_heap_t *)heaps_chunk;
+    heaps_chunk += align_up(sizeof(th_heap_t), 64);
+    heaps_chunk_left -= align_up(sizeof(th_heap_t), 64);
+  }
+  pthread_mutex_unlock(&heaps_lock);
+  if (heap) return heap;
+  /* Map outside the lock; a racing thread may map too, and the spare chunk then serves later threads. */
+  uint8_t *chunk = os_map_aligned(HEAPS_CHUNK_SIZE, os_page_size());
+  if (chunk == NULL) return NULL;
+  heap = (th_heap_t *)chunk;
+  pthread_mutex_lock(&heaps_lock);
+  heaps_chunk = chunk + align_up(sizeof(th_heap_t), 64);
+  heaps_chunk_left = HEAPS_CHUNK_SIZE - align_up(sizeof(th_heap_t), 64);
+  pthread_mutex_unlock(&heaps_lock);
+  return heap;
+}
+
+th_heap_t *thread_heap_init(void) {
+  process_init();
+  th_heap_t *heap = heap_struct_alloc();
+  if (heap == NULL) return NULL;
+  heap_init(heap);
+  heap->thread_id = thread_id();
+  th_heap_tls = heap;
+  /* Keys below PTHREAD_KEY_2NDLEVEL_SIZE need no allocation; ours is created first thing. */
+  pthread_setspecific(heap_key, heap);
+  stats_count(&th_stats_global.heaps_created);
+  stats_count(&th_stats_global.threads_live);
+  return heap;
+}
+
+/* Thread exit. Other destructors and libc's own cleanup may still call free and malloc after this: frees
+ * then take the remote path (the segments have no owner any more), and a malloc makes a new heap and
+ * re-arms the key, so that this runs again. */
+static void thread_done(void *arg) {
+  th_heap_t *heap = arg;
+  if (heap == NULL || heap == &th_heap_empty) return;
+  th_heap_tls = &th_heap_empty;
+  /* After this no remote free can name the heap: full pages go back to NORMAL first. */
+  for (th_page_t *page = heap->full.first; page; page = page->next) page_clear_delay(page);
+  heap_collect(heap);
+  for (size_t k = 0; k < TH_KINDS_PAGED; k++) {
+    th_segment_t *seg = heap->segments[k];
+    while (seg) {
+      th_segment_t *next = seg->next;
+      segment_abandon(seg);
+      seg = next;
+    }
+    heap->segments[k] = NULL;
+  }
+  stats_count(&th_stats_global.heaps_abandoned);
+  atomic_fetch_sub_explicit((_Atomic(size_t) *)&th_stats_global.threads_live, 1, memory_order_relaxed);
+  pthread_mutex_lock(&heaps_lock);
+  heap->next_free = heaps_pool;
+  heaps_pool = heap;
+  pthread_mutex_unlock(&heaps_lock);
+}
+
+/* ---- fork: every slow-path lock is taken before fork and released in both processes after it. In the
+ * child, other threads' heaps may be half-updated (their owners take no lock), so their segments keep their
+ * dead owners' ids: the child never adopts them, and its frees into them are remote pushes. */
+
+static void fork_prepare(void) {
+  pthread_mutex_lock(&heaps_lock);
+  segment_lock_all();
+}
+
+static void fork_parent(void) {
+  segment_unlock_all(false);
+  pthread_mutex_unlock(&heaps_lock);
+}
+
+static void fork_child(void) {
+  segment_unlock_all(true);
+  pthread_mutex_init(&heaps_lock, NULL);
+}
+
+/* Runs once libc is ready: options are read here and never earlier, and the fork handlers are registered
+ * before the program's own, so the program's prepare handlers (which may allocate) run before ours lock. */
+__attribute__((constructor(101))) static void library_init(void) {
+  process_init();
+  options_init();
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+void th_collect(void) {
+  th_heap_t *heap = th_heap_tls;
+  if (heap != &th_heap_empty) heap_collect(heap);
+  segment_cache_purge(true);
+}

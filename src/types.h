@@ -1,0 +1,141 @@
+/* types.h: threadheap's glossary, its data structures, and the invariants each field keeps. */
+#ifndef TH_TYPES_H
+#define TH_TYPES_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Glossary
+ *
+ *  block    what malloc returns: at least 16 bytes, 16-byte aligned. A free block holds `next` in its first
+ *           word and the double-free tag (th_key ^ address) in its second.
+ *  page     a run of memory holding blocks of one size class, with three free lists (free, local_free,
+ *           thread_free). Small pages are 64 KiB, medium 512 KiB, a large page is a whole segment.
+ *  segment  a 4 MiB region, aligned to 4 MiB, owned by one heap, carved into pages of one kind; its header
+ *           (th_segment_t) holds the page descriptors. A huge block is a segment of its own, of any multiple
+ *           of 4 MiB. The segment map finds the segment of any pointer in O(1).
+ *  heap     per size class, a queue of pages; a thread's default heap is reached through an initial-exec
+ *           TLS pointer. When the thread exits its segments are abandoned; another thread adopts them.
+ *  class    a size class: multiples of 16 up to 128 bytes, then four classes per power of two up to 1 MiB.
+ */
+
+#define TH_SEGMENT_SHIFT 22
+#define TH_SEGMENT_SIZE ((size_t)1 << TH_SEGMENT_SHIFT)
+#define TH_SMALL_PAGE_SHIFT 16  /* 64 KiB pages, blocks up to 8 KiB */
+#define TH_MEDIUM_PAGE_SHIFT 19 /* 512 KiB pages, blocks up to 64 KiB */
+#define TH_SMALL_MAX ((size_t)8 << 10)
+#define TH_MEDIUM_MAX ((size_t)64 << 10)
+#define TH_LARGE_MAX ((size_t)1 << 20) /* the largest block served from heap pages; above it: huge */
+#define TH_DIRECT_MAX 1024             /* malloc(n) for n <= this is a table lookup and a pop */
+#define TH_DIRECT_SLOTS (TH_DIRECT_MAX / 16 + 1)
+#define TH_CLASS_COUNT 61 /* classes 1..60; class 60 is exactly TH_LARGE_MAX */
+#define TH_ADDRESS_BITS 47
+#define TH_MAP_ENTRIES ((size_t)1 << (TH_ADDRESS_BITS - TH_SEGMENT_SHIFT))
+#define TH_EXTEND_BYTES 4096 /* a page is carved at most this many bytes (or one block) at a time */
+
+typedef enum th_kind_e {
+  TH_KIND_SMALL = 0,
+  TH_KIND_MEDIUM = 1,
+  TH_KIND_LARGE = 2,
+  TH_KIND_HUGE = 3,
+} th_kind_t;
+#define TH_KINDS_PAGED 3 /* small, medium, large: the kinds a heap carves into pages */
+
+typedef struct th_block_s {
+  struct th_block_s *next; /* next free block of the same page, or NULL */
+  uintptr_t tag;           /* th_key ^ (uintptr_t)block while free; 0 once malloc hands it out */
+} th_block_t;
+
+/* States of a page's thread_free word, kept in its two low bits (blocks are 16-byte aligned). They let a
+ * remote free tell the owner about a page it had put aside as full, without the owner scanning its full
+ * pages: only the FULL -> FREEING transition reads the owner heap, and abandon waits out FREEING. */
+typedef enum th_delay_e {
+  TH_TF_NORMAL = 0,   /* push blocks and say nothing */
+  TH_TF_FULL = 1,     /* the owner parked the page as full: the next remote free puts it on heap->ready */
+  TH_TF_FREEING = 2,  /* a remote free is putting the page on heap->ready now; others wait */
+  TH_TF_NOTIFIED = 3, /* the page is on heap->ready; push blocks and say nothing */
+} th_delay_t;
+#define TH_TF_MASK ((uintptr_t)3)
+
+typedef struct th_heap_s th_heap_t;
+typedef struct th_segment_s th_segment_t;
+
+/* Invariants (page_is_valid checks them in debug builds):
+ *   capacity <= reserved;   start + reserved * block_size <= page end
+ *   used == capacity - |free| - |local_free|   (blocks in thread_free still count as used)
+ *   in_use == 0  =>  the page is in no heap queue, and its lists are empty
+ *   in_full == 1 <=> the page is in heap->full, and its thread_free state is FULL, FREEING or NOTIFIED
+ * Only the owner thread touches the fields above thread_free; any thread may push onto thread_free. */
+typedef struct th_page_s {
+  th_block_t *free;       /* malloc pops from here */
+  th_block_t *local_free; /* the owner's frees; moved to free when free runs dry */
+  uint32_t used;
+  uint32_t capacity;      /* blocks carved so far; the rest of the page is untouched */
+  uint32_t reserved;      /* blocks that fit in the page */
+  uint32_t block_size;    /* for a huge segment: usable bytes of its one block */
+  uint64_t block_magic;   /* ceil(2^44 / block_size): offset -> block index without a division */
+  uint8_t *start;         /* first block */
+  uint8_t class_idx;      /* 0 for a free page slot or a huge block */
+  uint8_t in_use;         /* the page belongs to a heap queue (or is a huge block) */
+  uint8_t in_full;
+  uint8_t has_aligned;    /* some block was handed out at an offset for alignment (tag at p - 8) */
+  uint8_t is_purged;      /* page memory was returned to the OS since the page was last used */
+  uint8_t purge_pending;  /* the free page is on its heap's purge queue */
+  uint32_t committed;     /* bytes of this page counted as committed (carved bytes rounded to OS pages) */
+  _Atomic(uintptr_t) thread_free;  /* remote frees: a block stack, state in the low bits */
+  struct th_page_s *next, *prev;   /* heap queue, full queue or purge queue */
+  struct th_page_s *ready_next;    /* link on heap->ready (pushed by a remote thread) */
+  uint64_t free_since_ms;          /* when the page slot went free, for purging */
+} th_page_t;
+
+typedef struct th_page_queue_s {
+  th_page_t *first, *last;
+} th_page_queue_t;
+
+/* Invariants:
+ *   (uintptr_t)segment % TH_SEGMENT_SIZE == 0;  size % TH_SEGMENT_SIZE == 0
+ *   map[(segment >> TH_SEGMENT_SHIFT) + i] == segment  for every i < size / TH_SEGMENT_SIZE while mapped
+ *   used_pages == count of pages[i].in_use
+ *   thread_id == heap->thread_id when owned by a thread's heap; 0 when abandoned, cached or huge */
+struct th_segment_s {
+  size_t size;               /* mapped bytes */
+  uint8_t kind;              /* th_kind_t */
+  uint8_t page_shift;        /* page index = (p - segment) >> page_shift; 63 for a huge segment */
+  uint8_t is_zero;           /* huge: the memory is as fresh from the OS (all zero) */
+  uint8_t in_cache;
+  uint32_t page_count;
+  uint32_t used_pages;
+  _Atomic(uintptr_t) thread_id;
+  _Atomic(th_heap_t *) heap;
+  th_segment_t *next, *prev; /* the heap's segment list of this kind, the abandoned list, or the cache */
+  uint64_t cached_since_ms;
+  _Atomic(int) huge_live;    /* huge: 1 while the block is allocated; the exchange to 0 catches double frees */
+  size_t huge_committed;     /* huge: bytes from the segment start to the block's end, in OS pages */
+  th_page_t pages[];         /* page_count descriptors */
+};
+
+typedef struct th_heap_counters_s {
+  size_t committed;  /* bytes counted in this heap's pages */
+  uint64_t slow_calls;
+} th_heap_counters_t;
+
+/* A heap. Thread heaps are reached through th_heap_tls; only their thread allocates from them.
+ * Invariants:
+ *   direct[w] == queues[class of (w * 16)].first, or &th_page_empty when that queue is empty
+ *   every page in queues[c] has class_idx == c and in_full == 0; every page in full has in_full == 1 */
+struct th_heap_s {
+  th_page_t *direct[TH_DIRECT_SLOTS]; /* first: the fast path reads it at offset 0 */
+  uintptr_t thread_id;                /* owner thread (its thread pointer); 0 for the empty heap */
+  th_page_queue_t queues[TH_CLASS_COUNT];
+  th_page_queue_t full;               /* pages with no free block, parked until a remote free */
+  th_page_queue_t purge;              /* free page slots, oldest first, waiting for the purge delay */
+  _Atomic(th_page_t *) ready;         /* full pages that received a remote free (pushed by other threads) */
+  th_segment_t *segments[TH_KINDS_PAGED]; /* segments with a free page slot first */
+  th_heap_counters_t stat;
+  th_heap_t *next_free;               /* link in the pool of unused heap structs */
+};
+
+#endif /* TH_TYPES_H */
