@@ -24,6 +24,9 @@ TH_API void *th_malloc(size_t size) {
   }
   return heap_malloc_slow(heap, size);
 }
+#ifdef TH_OVERRIDE
+TH_API TH_MALLOC_ATTR void *malloc(size_t size) __attribute__((alias("th_malloc")));
+#endif
 
 static inline bool too_large(size_t size) { return size > (size_t)PTRDIFF_MAX - 2 * TH_SEGMENT_SIZE; }
 

@@ -88,7 +88,7 @@ void heap_collect_ready(th_heap_t *heap) {
 void heap_page_retire(th_heap_t *heap, th_page_t *page) {
   th_page_queue_t *q = &heap->queues[page->class_idx];
   if (q->first == page && page->next == NULL) {
-    page->free_since_ms = os_now_ms();
+    page->free_since_ms = 0; /* heap_purge starts the clock: no clock read on this path */
     return;
   }
   heap_queue_remove(heap, q, page);
@@ -121,7 +121,10 @@ void heap_purge(th_heap_t *heap, bool force) {
   uint64_t delay = (uint64_t)th_options.purge_delay;
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
     th_page_t *page = heap->queues[c].first;
-    if (page && page->used == 0 && page->next == NULL && (force || now - page->free_since_ms >= delay)) {
+    if (page == NULL || page->used != 0 || page->next != NULL) continue;
+    if (page->free_since_ms == 0 && !force) {
+      page->free_since_ms = now;
+    } else if (force || now - page->free_since_ms >= delay) {
       page_collect(page);
       if (page->used == 0) page_free_empty(heap, page);
     }
@@ -218,6 +221,17 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
 }
 
 void *heap_malloc_slow(th_heap_t *heap, size_t size) {
+  /* Sizes past the direct table: the first page of the class usually has a free block. */
+  if (size <= TH_LARGE_MAX) {
+    th_page_t *page = heap->queues[size_class(size)].first;
+    if (page != NULL && page->free != NULL) {
+      th_block_t *b = page->free;
+      page->free = b->next;
+      page->used++;
+      b->tag = 0;
+      return b;
+    }
+  }
   if (th_unlikely(heap == &th_heap_empty)) {
     heap = thread_heap_init();
     if (heap == NULL) {

@@ -9,8 +9,7 @@
 
 #define TH_EXPORT __attribute__((visibility("default")))
 
-TH_EXPORT void *malloc(size_t size) { return th_malloc(size); }
-TH_EXPORT void free(void *p) { th_free(p); }
+/* malloc and free are aliases of th_malloc and th_free, defined beside them. */
 TH_EXPORT void *calloc(size_t count, size_t size) { return th_calloc(count, size); }
 TH_EXPORT void *realloc(void *p, size_t size) { return th_realloc(p, size); }
 TH_EXPORT void *reallocarray(void *p, size_t count, size_t size) { return th_reallocarray(p, count, size); }

@@ -34,7 +34,7 @@
 #define TH_CLASS_COUNT 61 /* classes 1..60; class 60 is exactly TH_LARGE_MAX */
 #define TH_ADDRESS_BITS 47
 #define TH_MAP_ENTRIES ((size_t)1 << (TH_ADDRESS_BITS - TH_SEGMENT_SHIFT))
-#define TH_EXTEND_BYTES 4096 /* a page is carved at most this many bytes (or one block) at a time */
+#define TH_EXTEND_BYTES 4096 /* a page is carved this many bytes (at least 8 blocks) at a time */
 
 typedef enum th_kind_e {
   TH_KIND_SMALL = 0,
@@ -89,7 +89,9 @@ typedef struct th_page_s {
   struct th_page_s *next, *prev;   /* heap queue, full queue or purge queue */
   struct th_page_s *ready_next;    /* link on heap->ready (pushed by a remote thread) */
   uint64_t free_since_ms;          /* when the page slot went free, for purging */
+  uint8_t pad_to_128[24];           /* a power-of-two size turns the page lookup into a shift */
 } th_page_t;
+_Static_assert(sizeof(th_page_t) == 128, "th_page_t is 128 bytes");
 
 typedef struct th_page_queue_s {
   th_page_t *first, *last;
