@@ -60,6 +60,7 @@ typedef struct th_stats_s {
   size_t heaps_abandoned; /* heaps whose thread exited, total */
   size_t segments_adopted;/* abandoned segments taken over by a live thread, total */
   size_t threads_live;    /* thread heaps in use now */
+  size_t segments_waiting;/* abandoned segments not yet adopted, now */
 } th_stats_t;
 
 TH_API void th_stats_get(th_stats_t *out);

@@ -119,14 +119,21 @@ static void page_free_empty(th_heap_t *heap, th_page_t *page) {
 void heap_purge(th_heap_t *heap, bool force) {
   uint64_t now = os_now_ms();
   uint64_t delay = (uint64_t)th_options.purge_delay;
+  if (!force && now < heap->next_purge_ms) return;
+  heap->next_purge_ms = now + (delay / 4 > 10 ? delay / 4 : 10);
+  /* Remote frees into classes this thread no longer allocates would wait forever: collect every page. */
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
-    th_page_t *page = heap->queues[c].first;
-    if (page == NULL || page->used != 0 || page->next != NULL) continue;
-    if (page->free_since_ms == 0 && !force) {
-      page->free_since_ms = now;
-    } else if (force || now - page->free_since_ms >= delay) {
+    for (th_page_t *page = heap->queues[c].first, *next; page; page = next) {
+      next = page->next;
       page_collect(page);
-      if (page->used == 0) page_free_empty(heap, page);
+      if (page->used != 0) continue;
+      if (page != heap->queues[c].first || page->next != NULL || force) {
+        page_free_empty(heap, page);
+      } else if (page->free_since_ms == 0) {
+        page->free_since_ms = now; /* the kept page of its class: freed once empty for the delay */
+      } else if (now - page->free_since_ms >= delay) {
+        page_free_empty(heap, page);
+      }
     }
   }
   while (heap->purge.first && (force || now - heap->purge.first->free_since_ms >= delay)) {

@@ -11,6 +11,7 @@ static size_t huge_committed(const th_segment_t *seg, const void *p, size_t size
 }
 
 void *huge_alloc(size_t size, size_t alignment, bool zero) {
+  if (size < 16) size = 16;
   size_t header = segment_header_size(1);
   size_t offset = align_up(header, alignment);
   if (size > (size_t)PTRDIFF_MAX - offset - 2 * TH_SEGMENT_SIZE) {

@@ -42,7 +42,8 @@ void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_id
 bool page_extend(th_heap_t *heap, th_page_t *page) {
   size_t bsize = page->block_size;
   size_t n = TH_EXTEND_BYTES / bsize;
-  if (n < 8) n = 8; /* fewer trips to the slow path for big blocks; each costs one touched OS page */
+  if (n == 0) n = 1;
+  if (n < 8 && bsize <= 1024) n = 8; /* fewer trips to the slow path for blocks up to 1 KiB */
   if (n > page->reserved - page->capacity) n = page->reserved - page->capacity;
   if (n == 0) return false;
   uint8_t *first = page->start + (size_t)page->capacity * bsize;

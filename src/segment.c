@@ -18,7 +18,8 @@ static _Atomic(uint64_t) cache_next_purge_ms;
 
 /* Abandoned segments, one list per page kind; a thread short of pages adopts from here before mapping. */
 static pthread_mutex_t abandoned_lock = PTHREAD_MUTEX_INITIALIZER;
-static th_segment_t *abandoned[TH_KINDS_PAGED];
+static th_segment_t *abandoned[TH_KINDS_PAGED];      /* newest first */
+static th_segment_t *abandoned_last[TH_KINDS_PAGED]; /* oldest: adopted first, its blocks most likely freed */
 static _Atomic(size_t) abandoned_count;
 
 th_segment_t *segment_lookup_slow(uintptr_t region, uint8_t back) {
@@ -290,8 +291,10 @@ void segment_abandon(th_segment_t *seg) {
   seg->prev = NULL;
   seg->next = abandoned[seg->kind];
   if (seg->next) seg->next->prev = seg;
+  else abandoned_last[seg->kind] = seg;
   abandoned[seg->kind] = seg;
   atomic_fetch_add_explicit(&abandoned_count, 1, memory_order_relaxed);
+  stats_count(&th_stats_global.segments_waiting);
   pthread_mutex_unlock(&abandoned_lock);
 }
 
@@ -300,11 +303,14 @@ void segment_abandon(th_segment_t *seg) {
 bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
   if (atomic_load_explicit(&abandoned_count, memory_order_relaxed) == 0) return NULL;
   pthread_mutex_lock(&abandoned_lock);
-  th_segment_t *seg = abandoned[kind];
+  th_segment_t *seg = abandoned_last[kind];
   if (seg) {
-    abandoned[kind] = seg->next;
-    if (seg->next) seg->next->prev = NULL;
+    abandoned_last[kind] = seg->prev;
+    if (seg->prev) seg->prev->next = NULL;
+    else abandoned[kind] = NULL;
+    seg->prev = seg->next = NULL;
     atomic_fetch_sub_explicit(&abandoned_count, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit((_Atomic(size_t) *)&th_stats_global.segments_waiting, 1, memory_order_relaxed);
   }
   pthread_mutex_unlock(&abandoned_lock);
   if (seg == NULL) return false;
@@ -319,8 +325,9 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
     heap->stat.committed += page->committed;
     if (page->used == 0) {
       page->free = page->local_free = NULL;
+      bool last = seg->used_pages == 1;
       segment_page_free(heap, page);
-      if (seg->used_pages == 0) return true; /* released whole, into the cache */
+      if (last) return true; /* the segment was released whole: do not touch it again */
     } else {
       heap_page_insert(heap, page);
     }

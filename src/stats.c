@@ -60,7 +60,7 @@ void th_stats_print(void) {
   static const char *names[] = {
       "committed", "committed_peak", "mapped", "cached", "os_maps", "os_unmaps", "os_purges",
       "purged_bytes", "cache_hits", "cache_misses", "huge_allocs", "remote_frees", "heaps_created",
-      "heaps_abandoned", "segments_adopted", "threads_live"};
+      "heaps_abandoned", "segments_adopted", "threads_live", "segments_waiting"};
   _Static_assert(sizeof names / sizeof names[0] == sizeof(th_stats_t) / sizeof(size_t), "a name per counter");
   const size_t *v = (const size_t *)&s;
   char line[96];

@@ -34,7 +34,7 @@
 #define TH_CLASS_COUNT 61 /* classes 1..60; class 60 is exactly TH_LARGE_MAX */
 #define TH_ADDRESS_BITS 47
 #define TH_MAP_ENTRIES ((size_t)1 << (TH_ADDRESS_BITS - TH_SEGMENT_SHIFT))
-#define TH_EXTEND_BYTES 4096 /* a page is carved this many bytes (at least 8 blocks) at a time */
+#define TH_EXTEND_BYTES 4096 /* a page is carved this many bytes (or one block) at a time */
 
 typedef enum th_kind_e {
   TH_KIND_SMALL = 0,
@@ -137,6 +137,7 @@ struct th_heap_s {
   _Atomic(th_page_t *) ready;         /* full pages that received a remote free (pushed by other threads) */
   th_segment_t *segments[TH_KINDS_PAGED]; /* segments with a free page slot first */
   th_heap_counters_t stat;
+  uint64_t next_purge_ms;             /* heap_purge does nothing before this time */
   th_heap_t *next_free;               /* link in the pool of unused heap structs */
 };
 
