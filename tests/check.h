@@ -1,0 +1,65 @@
+/* check.h: the test harness of threadheap's tests. CHECK records a failure with file:line and the
+ * expression and keeps going, so one run reports every broken property rather than the first;
+ * check_summary() prints the one closing line "N passed, N failed" and gives the exit code.
+ *
+ * The counters are updated with atomic builtins so that worker threads may CHECK too; the builtins work
+ * in both C11 and C++17, so the C++ tests share this header. */
+#ifndef TH_TESTS_CHECK_H
+#define TH_TESTS_CHECK_H
+
+#include <stdarg.h>
+#include <stdio.h>
+
+/* After this many failure lines the rest are only counted: a broken loop over a million sizes should not
+ * bury the summary. */
+#define CHECK_MAX_REPORTS 60
+
+static long check_passed_count;
+static long check_failed_count;
+
+static inline int check_record(int ok, const char *file, int line, const char *expr, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static inline int check_record(int ok, const char *file, int line, const char *expr, const char *fmt, ...) {
+  if (ok) {
+    __atomic_fetch_add(&check_passed_count, 1, __ATOMIC_RELAXED);
+    return 1;
+  }
+  long n = __atomic_fetch_add(&check_failed_count, 1, __ATOMIC_RELAXED);
+  if (n < CHECK_MAX_REPORTS) {
+    /* One fprintf per part is fine: stderr is unbuffered and the lines only need to be readable. */
+    char extra[512] = "";
+    if (fmt != NULL && fmt[0] != '\0') {
+      va_list ap;
+      va_start(ap, fmt);
+      vsnprintf(extra, sizeof extra, fmt, ap);
+      va_end(ap);
+    }
+    fprintf(stderr, "%s:%d: CHECK failed: %s%s%s\n", file, line, expr, extra[0] ? " -- " : "", extra);
+  } else if (n == CHECK_MAX_REPORTS) {
+    fprintf(stderr, "(further failures are counted but not printed)\n");
+  }
+  return 0;
+}
+
+/* CHECK(expr): passes when expr is true. Evaluates to 1 or 0 so a test can skip what depends on it. */
+#define CHECK(...) check_record(!!(__VA_ARGS__), __FILE__, __LINE__, #__VA_ARGS__, "%s", "")
+/* CHECK_MSG(expr, fmt, ...): the same, with the values that explain a failure. */
+#define CHECK_MSG(cond, ...) check_record(!!(cond), __FILE__, __LINE__, #cond, __VA_ARGS__)
+
+/* Line-buffer stdout before main: the report lines must reach the log even when the allocator stops the
+ * process with abort(), which does not flush stdio buffers. */
+__attribute__((constructor)) static void check_init(void) { setvbuf(stdout, NULL, _IOLBF, 0); }
+
+static inline long check_failures(void) { return __atomic_load_n(&check_failed_count, __ATOMIC_RELAXED); }
+
+static inline int check_summary(void) {
+  long passed = __atomic_load_n(&check_passed_count, __ATOMIC_RELAXED);
+  long failed = __atomic_load_n(&check_failed_count, __ATOMIC_RELAXED);
+  fflush(stdout);
+  printf("%ld passed, %ld failed\n", passed, failed);
+  fflush(stdout);
+  return failed == 0 ? 0 : 1;
+}
+
+#endif /* TH_TESTS_CHECK_H */

@@ -1,0 +1,370 @@
+/* test_misuse.c: threadheap stops the process on a double free, on a pointer it never returned and on a
+ * pointer into the middle of a block, with exactly one line on stderr that names the error and the
+ * address. Each case runs in a forked child whose stderr goes through a pipe; the parent asserts that the
+ * child died of SIGABRT and checks the line. Negative controls check that legitimate frees (of blocks
+ * whose words hold arbitrary user data, and of recycled blocks) stay silent.
+ *
+ * Expected lines:
+ *   threadheap: double free at <p> (size <usable>)
+ *   threadheap: realloc of a freed block at <p> (size <usable>)
+ *   threadheap: malloc_usable_size of a freed block at <p> (size <usable>)
+ *   threadheap: free of invalid pointer <p> (not allocated by threadheap)        (also realloc of / ...)
+ *   threadheap: free of interior pointer <p> (block <b>, size <usable>)          (also realloc of / ...)
+ * The child computes the addresses and the usable size before the misuse and sends them on a second
+ * pipe, so the parent compares with what the allocator really handed out. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "threadheap.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+enum op { OP_FREE, OP_REALLOC, OP_USABLE };
+static const char *const op_word[] = {"free of", "realloc of", "malloc_usable_size of"};
+
+/* What the child tells the parent: the words the line must contain, in order of appearance. */
+static int info_fd = -1;
+static char expect_buf[512];
+
+static void expect(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void expect(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(expect_buf, sizeof expect_buf, fmt, ap);
+  va_end(ap);
+  /* One write of a short message to a pipe is atomic; the parent reads until EOF. */
+  ssize_t w = write(info_fd, expect_buf, strlen(expect_buf) + 1);
+  (void)w;
+}
+
+/* The misuse itself, with op chosen at run time so that the compiler cannot reason about it. */
+static void do_op(enum op op, void *p) {
+  if (op == OP_FREE) th_free(p);
+  if (op == OP_REALLOC) {
+    void *q = th_realloc(p, 100);
+    /* Not reached when the allocator catches the misuse. */
+    fprintf(stderr, "realloc returned %p\n", q);
+  }
+  if (op == OP_USABLE) {
+    size_t n = th_usable_size(p);
+    fprintf(stderr, "usable size %zu\n", n);
+  }
+}
+
+static void *run_on_thread(void *(*fn)(void *), void *arg) {
+  pthread_t t;
+  void *ret = NULL;
+  if (pthread_create(&t, NULL, fn, arg) != 0) _exit(90);
+  pthread_join(t, &ret);
+  return ret;
+}
+static void *thread_free(void *p) {
+  th_free(p);
+  return NULL;
+}
+static void *thread_free_twice(void *p) {
+  th_free(p);
+  th_free(p);
+  return NULL;
+}
+static void *thread_alloc(void *size) {
+  void *p = th_malloc((size_t)(uintptr_t)size);
+  if (p) memset(p, 0x42, 64);
+  return p;
+}
+
+/* ---- the cases; each runs in the child and is expected not to return */
+
+static const size_t sizes[] = {48, 200 * KiB, 16 * MiB};
+static const char *const size_name[] = {"small", "medium", "huge"};
+
+/* who: 0 owner frees twice; 1 another thread frees twice; 2 owner frees, another thread frees again;
+ * 3 another thread frees, owner frees again; 4 the block was allocated by a thread that then exited,
+ * main frees it twice. */
+static void case_double_free(int size_idx, int who) {
+  size_t n = sizes[size_idx];
+  void *p = who == 4 ? run_on_thread(thread_alloc, (void *)(uintptr_t)n) : th_malloc(n);
+  if (!p) _exit(91);
+  memset(p, 0x42, n < 4096 ? n : 4096);
+  expect("double free at %p (size %zu)", p, th_usable_size(p));
+  switch (who) {
+    case 0: th_free(p); th_free(p); break;
+    case 1: run_on_thread(thread_free_twice, p); break;
+    case 2: th_free(p); run_on_thread(thread_free, p); break;
+    case 3: run_on_thread(thread_free, p); th_free(p); break;
+    case 4: th_free(p); th_free(p); break;
+  }
+}
+
+/* The freed block sits between live blocks of its page, and other frees happen in between: a check that
+ * only looks at the most recently freed block would miss it. */
+static void case_double_free_shared_page(void) {
+  enum { N = 32 };
+  void *ps[N];
+  for (int i = 0; i < N; i++) {
+    ps[i] = th_malloc(48);
+    if (!ps[i]) _exit(91);
+    memset(ps[i], i, 48);
+  }
+  void *p = ps[N / 2];
+  expect("double free at %p (size %zu)", p, th_usable_size(p));
+  th_free(p);
+  th_free(ps[3]);
+  th_free(ps[N - 2]);
+  th_free(p);
+}
+
+/* realloc(p, 0) frees p (glibc): a later free of p is a double free. */
+static void case_realloc_zero_then_free(void) {
+  void *p = th_malloc(48);
+  if (!p) _exit(91);
+  expect("double free at %p (size %zu)", p, th_usable_size(p));
+  void *r = th_realloc(p, 0);
+  if (r != NULL) _exit(92);
+  th_free(p);
+}
+
+static void case_freed(int size_idx, enum op op) {
+  void *p = th_malloc(sizes[size_idx]);
+  if (!p) _exit(91);
+  expect("%s a freed block at %p (size %zu)", op == OP_REALLOC ? "realloc of" : "malloc_usable_size of", p,
+         th_usable_size(p));
+  th_free(p);
+  do_op(op, p);
+}
+
+static int a_global[64];
+static void case_invalid(int kind, enum op op) {
+  int on_stack[64];
+  void *p = NULL;
+  switch (kind) {
+    case 0: p = &on_stack[8]; break;
+    case 1: p = &a_global[4]; break;
+    case 2:
+      p = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) _exit(93);
+      break;
+    case 3: p = (void *)0x10; break;
+  }
+  /* threadheap has been used before the bad call, so its tables exist. */
+  void *warm = th_malloc(100);
+  th_free(warm);
+  expect("%s invalid pointer %p (not allocated by threadheap)", op_word[op], p);
+  do_op(op, p);
+  on_stack[0] = 1; /* keep the array alive until after the call */
+}
+
+static void case_interior(int size_idx, enum op op) {
+  static const size_t offset[] = {16, 4096, 4 * MiB};
+  static const size_t isize[] = {64, 200 * KiB, 16 * MiB};
+  unsigned char *b = th_malloc(isize[size_idx]);
+  if (!b) _exit(91);
+  void *p = b + offset[size_idx];
+  expect("%s interior pointer %p (block %p, size %zu)", op_word[op], p, (void *)b, th_usable_size(b));
+  do_op(op, p);
+}
+
+/* ---- negative controls: must exit 0 with nothing on stderr */
+
+static void case_user_data_in_words(void) {
+  /* Free blocks keep allocator data in their first two words; live blocks belong to the user, who may
+   * store anything there, including values that look like pointers or tags. */
+  static const size_t nsz[] = {16, 48, 100, 1000, 9000, 100 * KiB, 2 * MiB};
+  for (size_t s = 0; s < sizeof nsz / sizeof nsz[0]; s++) {
+    for (int v = 0; v < 6; v++) {
+      uintptr_t *w = th_malloc(nsz[s]);
+      if (!w) _exit(91);
+      uintptr_t vals[] = {0, ~(uintptr_t)0, (uintptr_t)w, (uintptr_t)w ^ 0x5555555555555555u,
+                          (uintptr_t)&w, 0x0123456789abcdefu};
+      w[0] = vals[(v + 1) % 6];
+      w[1] = vals[v];
+      th_free(w);
+    }
+  }
+  /* The same, freed by another thread. */
+  for (int v = 0; v < 4; v++) {
+    uintptr_t *w = th_malloc(64);
+    if (!w) _exit(91);
+    w[1] = v == 0 ? (uintptr_t)w : v == 1 ? ~(uintptr_t)0 : (uintptr_t)v * 0x1111111111111111u;
+    run_on_thread(thread_free, w);
+  }
+  _exit(0);
+}
+
+static void case_recycled(void) {
+  /* Free, allocate again (the same address comes back), free again: not a double free. */
+  static const size_t nsz[] = {48, 200 * KiB, 16 * MiB};
+  for (size_t s = 0; s < 3; s++) {
+    for (int i = 0; i < 50; i++) {
+      void *p = th_malloc(nsz[s]);
+      if (!p) _exit(91);
+      memset(p, 0xab, nsz[s] < 64 ? nsz[s] : 64);
+      th_free(p);
+    }
+    /* Freed by another thread, then recycled by the owner. */
+    for (int i = 0; i < 20; i++) {
+      void *p = th_malloc(nsz[s]);
+      if (!p) _exit(91);
+      run_on_thread(thread_free, p);
+      void *q = th_malloc(nsz[s]);
+      if (!q) _exit(91);
+      th_free(q);
+    }
+  }
+  _exit(0);
+}
+
+/* ---- the parent side */
+
+typedef void (*case_fn)(int, int);
+struct result {
+  int status;
+  char err[4096];
+  size_t err_len;
+  char expected[512];
+};
+
+static void read_all(int fd, char *buf, size_t cap, size_t *len) {
+  *len = 0;
+  for (;;) {
+    char tmp[1024];
+    ssize_t r = read(fd, tmp, sizeof tmp);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    size_t k = (size_t)r;
+    if (*len + k > cap - 1) k = cap - 1 - *len;
+    memcpy(buf + *len, tmp, k);
+    *len += k;
+  }
+  buf[*len] = '\0';
+}
+
+static void run_child(void (*fn)(int, int), int a, int b, struct result *res) {
+  int err_pipe[2], info_pipe[2];
+  if (pipe(err_pipe) != 0 || pipe(info_pipe) != 0) {
+    perror("pipe");
+    exit(2);
+  }
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) {
+    perror("fork");
+    exit(2);
+  }
+  if (pid == 0) {
+    struct rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core); /* the expected aborts should not write core files */
+    alarm(20);                        /* a hang fails the case (SIGALRM) instead of the whole test */
+    close(err_pipe[0]);
+    close(info_pipe[0]);
+    dup2(err_pipe[1], STDERR_FILENO);
+    close(err_pipe[1]);
+    info_fd = info_pipe[1];
+    fn(a, b);
+    /* The misuse was not caught. */
+    _exit(0);
+  }
+  close(err_pipe[1]);
+  close(info_pipe[1]);
+  size_t info_len;
+  read_all(info_pipe[0], res->expected, sizeof res->expected, &info_len);
+  read_all(err_pipe[0], res->err, sizeof res->err, &res->err_len);
+  close(info_pipe[0]);
+  close(err_pipe[0]);
+  while (waitpid(pid, &res->status, 0) < 0 && errno == EINTR) {
+  }
+}
+
+static const char *describe(int status, char *buf, size_t cap) {
+  if (WIFSIGNALED(status))
+    snprintf(buf, cap, "killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  else
+    snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
+  return buf;
+}
+
+/* Runs one misuse case and checks: SIGABRT; stderr is one line, "threadheap: " + the expected text. */
+static void misuse(const char *label, void (*fn)(int, int), int a, int b) {
+  struct result res;
+  memset(&res, 0, sizeof res);
+  run_child(fn, a, b, &res);
+  char how[128];
+  describe(res.status, how, sizeof how);
+  printf("%-60s %s", label, res.err_len ? res.err : "(no output)\n");
+  CHECK_MSG(WIFSIGNALED(res.status) && WTERMSIG(res.status) == SIGABRT, "%s: child %s; stderr: %s", label,
+            how, res.err);
+  if (!CHECK_MSG(res.expected[0] != '\0', "%s: the child failed before the misuse (%s)", label, how)) return;
+  const char *nl = strchr(res.err, '\n');
+  CHECK_MSG(res.err_len > 0 && nl == res.err + res.err_len - 1, "%s: stderr is not exactly one line: \"%s\"",
+            label, res.err);
+  CHECK_MSG(strncmp(res.err, "threadheap: ", 12) == 0, "%s: stderr \"%s\" does not start with \"threadheap: \"",
+            label, res.err);
+  /* The line carries the expected text: the words, the address as %p prints it, the block and size. */
+  CHECK_MSG(strstr(res.err, res.expected) != NULL, "%s: stderr \"%s\" does not contain \"%s\"", label, res.err,
+            res.expected);
+}
+
+/* Runs a negative control: exit status 0 and nothing on stderr. */
+static void silent(const char *label, void (*fn)(int, int)) {
+  struct result res;
+  memset(&res, 0, sizeof res);
+  run_child(fn, 0, 0, &res);
+  char how[128];
+  CHECK_MSG(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0, "%s: child %s; stderr: %s", label,
+            describe(res.status, how, sizeof how), res.err);
+  CHECK_MSG(res.err_len == 0, "%s: unexpected stderr \"%s\"", label, res.err);
+}
+
+static void c_double(int s, int who) { case_double_free(s, who); }
+static void c_shared(int a, int b) { (void)a, (void)b; case_double_free_shared_page(); }
+static void c_rzero(int a, int b) { (void)a, (void)b; case_realloc_zero_then_free(); }
+static void c_freed(int s, int op) { case_freed(s, (enum op)op); }
+static void c_invalid(int k, int op) { case_invalid(k, (enum op)op); }
+static void c_interior(int s, int op) { case_interior(s, (enum op)op); }
+static void c_user_data(int a, int b) { (void)a, (void)b; case_user_data_in_words(); }
+static void c_recycled(int a, int b) { (void)a, (void)b; case_recycled(); }
+
+int main(void) {
+  static const char *const who_name[] = {"owner frees twice", "other thread frees twice",
+                                         "owner then other thread", "other thread then owner",
+                                         "allocated by an exited thread, freed twice"};
+  static const char *const invalid_name[] = {"stack address", "global", "mmap'ed memory", "(void*)0x10"};
+  char label[160];
+  for (int s = 0; s < 3; s++)
+    for (int who = 0; who < 5; who++) {
+      snprintf(label, sizeof label, "double free, %s block, %s", size_name[s], who_name[who]);
+      misuse(label, c_double, s, who);
+    }
+  misuse("double free of a block among live blocks of its page", c_shared, 0, 0);
+  misuse("free after realloc(p, 0)", c_rzero, 0, 0);
+  for (int s = 0; s < 3; s++)
+    for (int op = OP_REALLOC; op <= OP_USABLE; op++) {
+      snprintf(label, sizeof label, "%s a freed %s block", op_word[op], size_name[s]);
+      misuse(label, c_freed, s, op);
+    }
+  for (int k = 0; k < 4; k++)
+    for (int op = OP_FREE; op <= OP_USABLE; op++) {
+      snprintf(label, sizeof label, "%s invalid pointer: %s", op_word[op], invalid_name[k]);
+      misuse(label, c_invalid, k, op);
+    }
+  for (int s = 0; s < 3; s++)
+    for (int op = OP_FREE; op <= OP_USABLE; op++) {
+      snprintf(label, sizeof label, "%s interior pointer of a %s block", op_word[op], size_name[s]);
+      misuse(label, c_interior, s, op);
+    }
+  silent("blocks holding arbitrary values in their first words", c_user_data);
+  silent("recycled blocks", c_recycled);
+  return check_summary();
+}

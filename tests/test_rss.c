@@ -1,0 +1,136 @@
+/* test_rss.c: memory freed after a burst goes back to the OS while the program keeps running. Run with
+ * THREADHEAP_PURGE_DELAY=100 (ms; CTest sets it): the test allocates a burst of >= 256 MiB in mixed sizes,
+ * touches it, frees it all, and then keeps allocating and freeing small and medium blocks, as a program
+ * would, polling its resident memory. It passes when resident memory falls below the pre-burst value plus
+ * 48 MiB; the deadline is 10 s, a hundred times the purge delay, so only memory that is never returned
+ * fails it.
+ *
+ * Resident memory is RssAnon (/proc/self/status) minus LazyFree (/proc/self/smaps_rollup): pages given
+ * back with MADV_FREE stay counted in RssAnon until the kernel needs them, yet they are returned. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "check.h"
+#include "threadheap.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+static long field_kib(const char *path, const char *name) {
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  char line[256];
+  long v = -1;
+  size_t len = strlen(name);
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, name, len) == 0 && line[len] == ':') {
+      v = strtol(line + len + 1, NULL, 10);
+      break;
+    }
+  }
+  fclose(f);
+  return v;
+}
+
+/* Resident anonymous memory minus lazily freed pages, in KiB. */
+static long rss_kib(void) {
+  long anon = field_kib("/proc/self/status", "RssAnon");
+  long lazy = field_kib("/proc/self/smaps_rollup", "LazyFree");
+  return anon - (lazy > 0 ? lazy : 0);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 0x9e3779b97f4a7c15u;
+static uint64_t next_rand(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return rng;
+}
+
+#define MAX_BLOCKS (400 * 1000)
+
+int main(void) {
+  const char *delay = getenv("THREADHEAP_PURGE_DELAY");
+  printf("THREADHEAP_PURGE_DELAY=%s\n", delay ? delay : "(unset)");
+  /* The pointer table lives outside the allocator and is touched now, so it is in the baseline. */
+  void **blocks = mmap(NULL, MAX_BLOCKS * sizeof(void *), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+  if (!CHECK(blocks != MAP_FAILED)) return check_summary();
+  memset(blocks, 0, MAX_BLOCKS * sizeof(void *));
+  /* Warm up the steady-state loop's memory too, so the baseline includes what the loop itself keeps. */
+  enum { WORK = 256 };
+  static void *work[WORK];
+  for (int i = 0; i < WORK; i++) work[i] = th_malloc(16 + (size_t)(next_rand() % (48 * KiB)));
+  long base = rss_kib();
+  if (!CHECK_MSG(base > 0, "cannot read RssAnon")) return check_summary();
+
+  /* The burst: 80 MiB of small blocks, 96 MiB of medium ones, 96 MiB of huge ones; all touched. */
+  size_t n = 0, bytes_small = 0, bytes_medium = 0, bytes_huge = 0;
+  while (bytes_small < 80 * MiB && n < MAX_BLOCKS) {
+    size_t s = 16 + (size_t)(next_rand() % 1009);
+    blocks[n] = th_malloc(s);
+    if (!CHECK(blocks[n] != NULL)) break;
+    memset(blocks[n++], 0x5a, s);
+    bytes_small += s;
+  }
+  while (bytes_medium < 96 * MiB && n < MAX_BLOCKS) {
+    size_t s = 8 * KiB + (size_t)(next_rand() % (500 * KiB));
+    blocks[n] = th_malloc(s);
+    if (!CHECK(blocks[n] != NULL)) break;
+    memset(blocks[n++], 0x5a, s);
+    bytes_medium += s;
+  }
+  while (bytes_huge < 96 * MiB && n < MAX_BLOCKS) {
+    size_t s = 2 * MiB + (size_t)(next_rand() % (14 * MiB));
+    blocks[n] = th_malloc(s);
+    if (!CHECK(blocks[n] != NULL)) break;
+    memset(blocks[n++], 0x5a, s);
+    bytes_huge += s;
+  }
+  long peak = rss_kib();
+  /* Free in an order that mixes the kinds, as a real program's teardown of a data structure would. */
+  for (size_t i = 0; i < n; i += 2) th_free(blocks[i]);
+  for (size_t i = 1; i < n; i += 2) th_free(blocks[i]);
+  double t0 = now_s();
+  long after_free = rss_kib();
+  long limit = base + (long)(48 * MiB / KiB);
+  printf("burst: %zu blocks, %zu MiB (small %zu, medium %zu, huge %zu); RSS before %ld KiB, at peak %ld KiB, "
+         "right after free %ld KiB; limit %ld KiB\n",
+         n, (bytes_small + bytes_medium + bytes_huge) / MiB, bytes_small / MiB, bytes_medium / MiB,
+         bytes_huge / MiB, base, peak, after_free, limit);
+  CHECK_MSG(peak - base >= (long)(200 * MiB / KiB), "the burst did not raise RSS (%ld -> %ld KiB)", base, peak);
+
+  /* Keep working; poll the condition until it holds or the deadline passes. */
+  long rss = after_free;
+  double t = 0;
+  long ops = 0;
+  while ((t = now_s() - t0) < 10.0) {
+    rss = rss_kib();
+    if (rss < limit) break;
+    for (int k = 0; k < 2000; k++) {
+      int i = (int)(next_rand() % WORK);
+      th_free(work[i]);
+      work[i] = th_malloc(16 + (size_t)(next_rand() % (48 * KiB)));
+      if (work[i]) memset(work[i], 1, 16);
+      ops++;
+    }
+  }
+  printf("RSS %ld KiB after %.3f s (%ld allocations meanwhile): %s\n", rss, t, ops,
+         rss < limit ? "below the limit" : "still above the limit at the deadline");
+  CHECK_MSG(rss < limit, "RSS %ld KiB is still above %ld KiB (pre-burst %ld KiB + 48 MiB) after %.1f s", rss,
+            limit, base, t);
+  for (int i = 0; i < WORK; i++) th_free(work[i]);
+  munmap(blocks, MAX_BLOCKS * sizeof(void *));
+  return check_summary();
+}
