@@ -88,7 +88,7 @@ void *alloc_aligned(size_t alignment, size_t size) {
     if (b == NULL || ((uintptr_t)b & (alignment - 1)) == 0) return b;
     uintptr_t p = ((uintptr_t)b + 32 + alignment - 1) & ~(uintptr_t)(alignment - 1);
     th_segment_t *seg = segment_lookup(b);
-    segment_page_of(seg, b)->has_aligned = 1;
+    __atomic_store_n(&segment_page_of(seg, b)->has_aligned, 1, __ATOMIC_RELAXED);
     ((uintptr_t *)p)[-1] = th_key ^ p ^ TH_ALIGN_SALT;
     return (void *)p;
   }

@@ -9,7 +9,8 @@
 static inline bool page_is_block(const th_page_t *page, const void *p) {
   size_t off = (size_t)((const uint8_t *)p - page->start);
   size_t idx = (size_t)(((uint64_t)off * page->block_magic) >> 44);
-  return idx < page->capacity && idx * page->block_size == off;
+  /* capacity grows under the owner while other threads free: a relaxed atomic load (a plain mov). */
+  return idx < __atomic_load_n(&page->capacity, __ATOMIC_RELAXED) && idx * page->block_size == off;
 }
 
 static inline uintptr_t free_tag(const void *block) { return th_key ^ (uintptr_t)block; }
@@ -83,18 +84,19 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
   }
   th_page_t *page = segment_page_of(seg, p);
   *page_out = page;
-  if (!page->in_use || page->capacity == 0) {
+  uint32_t capacity = __atomic_load_n(&page->capacity, __ATOMIC_RELAXED);
+  if (!page->in_use || capacity == 0) {
     /* A page freed after all its blocks were: a block start that still carries its tag was freed twice. */
     if (((uintptr_t)p & 15) == 0 && ((const th_block_t *)p)->tag == free_tag(p))
       report_misuse(TH_MISUSE_FREED, op, p, p, 0);
     report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0);
   }
   const uint8_t *u = p;
-  if (u < page->start || u >= page->start + (size_t)page->capacity * page->block_size)
+  if (u < page->start || u >= page->start + (size_t)capacity * page->block_size)
     report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0);
   size_t rem = page_block_offset(page, p);
   th_block_t *b = (th_block_t *)(u - rem);
-  if (rem != 0 && !(page->has_aligned && rem >= 32 && ((uintptr_t)p & 15) == 0 && alloc_is_aligned_tag(p)))
+  if (rem != 0 && !(__atomic_load_n(&page->has_aligned, __ATOMIC_RELAXED) && rem >= 32 && ((uintptr_t)p & 15) == 0 && alloc_is_aligned_tag(p)))
     report_misuse(TH_MISUSE_INTERIOR, op, p, b, page->block_size);
   if (th_unlikely(b->tag == free_tag(b))) {
     bool freed;

@@ -26,12 +26,12 @@ void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_id
   page->block_size = (uint32_t)bsize;
   page->block_magic = (((uint64_t)1 << 44) + bsize - 1) / bsize;
   page->reserved = (uint32_t)(area_size / bsize);
-  page->capacity = 0;
+  __atomic_store_n(&page->capacity, 0, __ATOMIC_RELAXED);
   page->used = 0;
   page->free = page->local_free = NULL;
   page->class_idx = (uint8_t)class_idx;
   page->in_full = 0;
-  page->has_aligned = 0;
+  __atomic_store_n(&page->has_aligned, 0, __ATOMIC_RELAXED);
   page->committed = 0;
   atomic_store_explicit(&page->thread_free, 0, memory_order_relaxed);
   th_assert(page->reserved >= 1);
@@ -64,7 +64,7 @@ bool page_extend(th_heap_t *heap, th_page_t *page) {
   }
   b->next = page->free;
   page->free = (th_block_t *)first;
-  page->capacity += (uint32_t)n;
+  __atomic_store_n(&page->capacity, page->capacity + (uint32_t)n, __ATOMIC_RELAXED); /* read by remote frees */
   page->is_purged = 0;
   return true;
 }

@@ -14,6 +14,7 @@ _Atomic(uint8_t) th_segment_map[TH_MAP_ENTRIES];
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static th_segment_t *cache_first;
 static size_t cache_bytes;
+static _Atomic(size_t) cache_count; /* for a lock-free peek: a stale zero only costs a map */
 static _Atomic(uint64_t) cache_next_purge_ms;
 
 /* Abandoned segments, one list per page kind; a thread short of pages adopts from here before mapping. */
@@ -58,6 +59,7 @@ static void cache_unlink(th_segment_t *seg) {
   if (seg->next) seg->next->prev = seg->prev;
   seg->next = seg->prev = NULL;
   seg->in_cache = 0;
+  atomic_fetch_sub_explicit(&cache_count, 1, memory_order_relaxed);
   cache_bytes -= seg->size;
   stats_cached(-(long)seg->size);
 }
@@ -79,7 +81,7 @@ static void unmap_chain(th_segment_t *seg) {
 
 /* A cached segment of at least size bytes and not much more; NULL if none. */
 static th_segment_t *cache_take(size_t size) {
-  if (cache_first == NULL) return NULL; /* racy peek: a miss only costs a map */
+  if (atomic_load_explicit(&cache_count, memory_order_relaxed) == 0) return NULL;
   th_segment_t *found = NULL;
   pthread_mutex_lock(&cache_lock);
   for (th_segment_t *s = cache_first; s; s = s->next) {
@@ -137,7 +139,10 @@ void segment_release(th_segment_t *seg) {
   seg->next = cache_first;
   if (cache_first) cache_first->prev = seg;
   cache_first = seg;
+  atomic_fetch_add_explicit(&cache_count, 1, memory_order_relaxed);
   cache_bytes += seg->size;
+  /* Read before the unlock: from then on another thread may take the segment. */
+  uint64_t due = seg->cached_since_ms + (uint64_t)th_options.purge_delay;
   stats_cached((long)seg->size);
   while (cache_bytes > (size_t)th_options.cache_max) {
     th_segment_t *last = cache_first;
@@ -148,7 +153,6 @@ void segment_release(th_segment_t *seg) {
   }
   pthread_mutex_unlock(&cache_lock);
   unmap_chain(evict);
-  uint64_t due = seg->cached_since_ms + (uint64_t)th_options.purge_delay;
   uint64_t cur = atomic_load_explicit(&cache_next_purge_ms, memory_order_relaxed);
   if (cur == 0 || due < cur) atomic_store_explicit(&cache_next_purge_ms, due, memory_order_relaxed);
 }
@@ -252,8 +256,9 @@ void segment_page_free(th_heap_t *heap, th_page_t *page) {
   page->start = NULL; /* with block_size 0, any pointer into a free slot fails the block-start test */
   page->block_size = 0;
   page->block_magic = 0;
-  page->capacity = page->reserved = 0;
-  page->has_aligned = 0;
+  __atomic_store_n(&page->capacity, 0, __ATOMIC_RELAXED);
+  page->reserved = 0;
+  __atomic_store_n(&page->has_aligned, 0, __ATOMIC_RELAXED);
   atomic_store_explicit(&page->thread_free, 0, memory_order_relaxed);
   bool was_full = seg->used_pages == seg->page_count;
   if (--seg->used_pages == 0) {
