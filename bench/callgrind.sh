@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# bench/callgrind.sh: instructions per malloc+free pair, per allocator and size, counted with callgrind.
+#
+# For each allocator and size the `pairs` workload runs twice under valgrind --tool=callgrind: N pairs and
+# N/2 pairs. The difference of the two instruction totals over N/2 cancels everything but the pairs
+# themselves (start-up, the allocator's initialization, exit). Instruction counts are exact and immune to
+# the noise of a shared machine, which is why they complement the timed runs.
+#
+# usage: bash bench/callgrind.sh [N]        (default N = 200000)
+# env:   BUILD (default build), TH_LIB (default $BUILD/libthreadheap.so), SIZES (default "16 32 64 128 256 512 1024")
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD:-build}
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
+n=${1:-200000}
+sizes=${SIZES:-"16 32 64 128 256 512 1024"}
+exe="$build/bin/pairs"
+command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind not installed (apt-get install valgrind)" >&2; exit 2; }
+[ -x "$exe" ] || { echo "callgrind.sh: $exe not found (run make)" >&2; exit 2; }
+
+find_lib() { ldconfig -p | awk -v s="$1" '$1 == s && /x86-64/ { print $NF; exit }'; }
+declare -A lib=([threadheap]="${TH_LIB:-$build/libthreadheap.so}" [glibc]=""
+                [mimalloc]="$(find_lib libmimalloc.so.2)" [jemalloc]="$(find_lib libjemalloc.so.2)"
+                [tcmalloc]="$(find_lib libtcmalloc_minimal.so.4)")
+order=(threadheap glibc mimalloc jemalloc tcmalloc)
+
+# Total instructions of one run: callgrind prints "Collected : <Ir>" on stderr.
+count() { # lib size pairs
+  local out
+  out=$(LD_PRELOAD="$1" valgrind --tool=callgrind --callgrind-out-file=/dev/null "$exe" --count "$3" --size "$2" 2>&1) ||
+    { echo "callgrind.sh: run failed: $out" >&2; return 1; }
+  sed -n 's/.*Collected : *\([0-9]*\).*/\1/p' <<<"$out" | tail -1
+}
+
+printf '%-12s' "bytes"
+for a in "${order[@]}"; do printf '%12s' "$a"; done
+printf '\n'
+for s in $sizes; do
+  printf '%-12s' "$s"
+  for a in "${order[@]}"; do
+    l=${lib[$a]}
+    if [ "$a" != glibc ] && { [ -z "$l" ] || [ ! -e "$l" ]; }; then printf '%12s' "-"; continue; fi
+    full=$(count "$l" "$s" "$n") half=$(count "$l" "$s" $((n / 2)))
+    awk -v f="$full" -v h="$half" -v n="$n" 'BEGIN { printf "%12.1f", (f - h) / (n / 2) }'
+  done
+  printf '\n'
+done
+echo "(instructions per malloc+free pair; N=$n, difference of N and N/2 pairs)"

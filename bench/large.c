@@ -1,0 +1,115 @@
+/* large: the hidden costs of large blocks (seed 001). For blocks of 8..40 MiB, three loops per size:
+ *
+ *   untouched  malloc + free, memory never written: what a naive timer around new/delete sees;
+ *   touched    malloc + write one byte per page + free: allocation, first touch (the page faults and the
+ *              kernel zeroing each page) and free (unmapping touched pages) timed apart;
+ *   reused     one buffer allocated once and written every iteration: the floor that any allocator's
+ *              touched loop is compared against, since reuse never faults.
+ *
+ * Costs are reported per MiB, with the process's system time and minor faults per iteration, because on
+ * Linux most of the cost of a fresh large block is kernel work done inside the first write. An allocator
+ * that caches large blocks shows touched costs close to the floor.
+ *
+ * Output, one line per size and loop: {"experiment":"large","mode":..,"size_mb":..,"iterations":..,
+ * "alloc_us_per_mb":..,"touch_us_per_mb":..,"free_us_per_mb":..,"total_us_per_mb":..,"sys_us_per_mb":..,
+ * "minflt_per_iter":..}
+ */
+#define _GNU_SOURCE
+#include "bench_common.h"
+
+static const char *prog = "large";
+
+static void touch_pages(volatile char *p, size_t size, size_t page, int iter) {
+  for (size_t off = 0; off < size; off += page) p[off] = (char)iter;
+}
+
+static void report(const char *mode, long mb, int iters, double a, double t, double f, struct rusage *r0,
+                   struct rusage *r1) {
+  double per = 1e6 / ((double)mb * iters);
+  bench_json_begin("large");
+  bench_json_str("mode", mode);
+  bench_json_int("size_mb", mb);
+  bench_json_int("iterations", iters);
+  bench_json_num("alloc_us_per_mb", a * per);
+  bench_json_num("touch_us_per_mb", t * per);
+  bench_json_num("free_us_per_mb", f * per);
+  bench_json_num("total_us_per_mb", (a + t + f) * per);
+  bench_json_num("sys_us_per_mb", (bench_tv(r1->ru_stime) - bench_tv(r0->ru_stime)) * per);
+  bench_json_num("minflt_per_iter", (double)(r1->ru_minflt - r0->ru_minflt) / iters);
+  bench_json_end();
+}
+
+int main(int argc, char **argv) {
+  long sizes[BENCH_MAX_LIST] = {8, 16, 24, 32, 40};
+  int nsizes = 5, iters = 20;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--smoke")) iters = 2;
+    else if (!strcmp(a, "--full")) iters = 100;
+    else if (!strcmp(a, "--sizes") && v) nsizes = bench_parse_list(prog, v, sizes, BENCH_MAX_LIST), i++;
+    else if (!strcmp(a, "--iterations") && v) iters = (int)bench_parse_num(prog, v), i++;
+    else {
+      fprintf(stderr, "usage: large [--smoke] [--full] [--sizes LIST-IN-MiB] [--iterations N]\n");
+      return 2;
+    }
+  }
+  if (iters < 1) bench_die(prog, "iterations must be positive");
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  for (int s = 0; s < nsizes; s++) {
+    /* Sizes are in MiB; a value given with a suffix (e.g. 8m) is taken as bytes and rounded to MiB. */
+    long mb = sizes[s] >= (1L << 20) ? sizes[s] >> 20 : sizes[s];
+    if (mb < 1) bench_die(prog, "sizes are in MiB and must be at least 1");
+    size_t size = (size_t)mb << 20;
+    struct rusage r0, r1;
+    double ta = 0, tt = 0, tf = 0;
+
+    getrusage(RUSAGE_SELF, &r0);
+    for (int it = 0; it < iters; it++) {
+      double t0 = bench_now();
+      char *p = malloc(size);
+      double t1 = bench_now();
+      if (!p) bench_die(prog, "malloc(%zu) failed", size);
+      bench_sink = p;
+      free(p);
+      double t2 = bench_now();
+      ta += t1 - t0;
+      tf += t2 - t1;
+    }
+    getrusage(RUSAGE_SELF, &r1);
+    report("untouched", mb, iters, ta, 0, tf, &r0, &r1);
+
+    ta = tt = tf = 0;
+    getrusage(RUSAGE_SELF, &r0);
+    for (int it = 0; it < iters; it++) {
+      double t0 = bench_now();
+      char *p = malloc(size);
+      double t1 = bench_now();
+      if (!p) bench_die(prog, "malloc(%zu) failed", size);
+      touch_pages(p, size, page, it);
+      double t2 = bench_now();
+      free(p);
+      double t3 = bench_now();
+      ta += t1 - t0;
+      tt += t2 - t1;
+      tf += t3 - t2;
+    }
+    getrusage(RUSAGE_SELF, &r1);
+    report("touched", mb, iters, ta, tt, tf, &r0, &r1);
+
+    char *buf = malloc(size);
+    if (!buf) bench_die(prog, "malloc(%zu) failed", size);
+    touch_pages(buf, size, page, 0);
+    tt = 0;
+    getrusage(RUSAGE_SELF, &r0);
+    for (int it = 0; it < iters; it++) {
+      double t0 = bench_now();
+      touch_pages(buf, size, page, it + 1);
+      tt += bench_now() - t0;
+    }
+    getrusage(RUSAGE_SELF, &r1);
+    free(buf);
+    report("reused", mb, iters, 0, tt, 0, &r0, &r1);
+  }
+  return 0;
+}

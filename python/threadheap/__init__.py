@@ -1,0 +1,7 @@
+"""threadheap's command-line tools: `threadheap bench` now; `run` and `top` join later.
+
+Only the standard library is imported at package level; the bench module keeps its third-party imports
+(rich, matplotlib) inside the functions that need them.
+"""
+
+__version__ = "0.1.0"

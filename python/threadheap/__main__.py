@@ -1,0 +1,5 @@
+import sys
+
+from threadheap.cli import main
+
+sys.exit(main())
