@@ -14,13 +14,7 @@ TH_API void *th_malloc(size_t size) {
   th_heap_t *heap = th_heap_tls;
   if (th_likely(size <= TH_DIRECT_MAX)) {
     th_page_t *page = heap->direct[(size + 15) >> 4];
-    th_block_t *b = page->free;
-    if (th_likely(b != NULL)) {
-      page->free = b->next;
-      page->used++;
-      b->tag = 0;
-      return b;
-    }
+    if (th_likely(page->free != NULL)) return page_pop(page);
   }
   return heap_malloc_slow(heap, size);
 }

@@ -32,7 +32,7 @@ TH_API void th_free(void *p) {
       if (th_unlikely(--page->used == 0 || page->in_full)) {
         /* The only page of its class stays (malloc/free loops empty it again and again): no call. */
         if (!page->in_full && page->next == NULL && page->prev == NULL) return;
-        heap_free_local(th_heap_tls, page, b);
+        heap_free_local(th_heap_tls, page);
       }
       return;
     }
@@ -56,7 +56,7 @@ TH_NOINLINE void free_slow(void *p) {
     b->next = page->local_free;
     page->local_free = b;
     b->tag = free_tag(b);
-    if (--page->used == 0 || page->in_full) heap_free_local(th_heap_tls, page, b);
+    if (--page->used == 0 || page->in_full) heap_free_local(th_heap_tls, page);
   } else {
     b->tag = free_tag(b);
     page_push_remote(page, b);
@@ -96,8 +96,11 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
     report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0);
   size_t rem = page_block_offset(page, p);
   th_block_t *b = (th_block_t *)(u - rem);
-  if (rem != 0 && !(__atomic_load_n(&page->has_aligned, __ATOMIC_RELAXED) && rem >= 32 && ((uintptr_t)p & 15) == 0 && alloc_is_aligned_tag(p)))
-    report_misuse(TH_MISUSE_INTERIOR, op, p, b, page->block_size);
+  if (rem != 0) { /* an interior pointer, unless aligned allocation handed it out */
+    bool aligned = __atomic_load_n(&page->has_aligned, __ATOMIC_RELAXED) && rem >= 32 &&
+                   ((uintptr_t)p & 15) == 0 && alloc_is_aligned_tag(p);
+    if (!aligned) report_misuse(TH_MISUSE_INTERIOR, op, p, b, page->block_size);
+  }
   if (th_unlikely(b->tag == free_tag(b))) {
     bool freed;
     if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id()) {

@@ -87,17 +87,13 @@ void heap_collect_ready(th_heap_t *heap) {
  * one too once it has been empty for the purge delay. */
 void heap_page_retire(th_heap_t *heap, th_page_t *page) {
   th_page_queue_t *q = &heap->queues[page->class_idx];
-  if (q->first == page && page->next == NULL) {
-    page->free_since_ms = 0; /* heap_purge starts the clock: no clock read on this path */
-    return;
-  }
+  if (q->first == page && page->next == NULL) return; /* heap_purge times how long it stays empty */
   heap_queue_remove(heap, q, page);
   segment_page_free(heap, page);
 }
 
 /* The slow half of a free by the owner: the page was parked as full, or it became empty. */
-void heap_free_local(th_heap_t *heap, th_page_t *page, th_block_t *block) {
-  (void)block;
+void heap_free_local(th_heap_t *heap, th_page_t *page) {
   heap_collect_ready(heap);
   if (page->in_full) {
     heap_queue_remove(heap, &heap->full, page);
@@ -126,7 +122,10 @@ void heap_purge(th_heap_t *heap, bool force) {
     for (th_page_t *page = heap->queues[c].first, *next; page; page = next) {
       next = page->next;
       page_collect(page);
-      if (page->used != 0) continue;
+      if (page->used != 0) {
+        page->free_since_ms = 0; /* in use: the empty clock starts again from the next round */
+        continue;
+      }
       if (page != heap->queues[c].first || page->next != NULL || force) {
         page_free_empty(heap, page);
       } else if (page->free_since_ms == 0) {
@@ -231,13 +230,7 @@ void *heap_malloc_slow(th_heap_t *heap, size_t size) {
   /* Sizes past the direct table: the first page of the class usually has a free block. */
   if (size <= TH_LARGE_MAX) {
     th_page_t *page = heap->queues[size_class(size)].first;
-    if (page != NULL && page->free != NULL) {
-      th_block_t *b = page->free;
-      page->free = b->next;
-      page->used++;
-      b->tag = 0;
-      return b;
-    }
+    if (page != NULL && page->free != NULL) return page_pop(page);
   }
   if (th_unlikely(heap == &th_heap_empty)) {
     heap = thread_heap_init();
@@ -254,9 +247,5 @@ void *heap_malloc_slow(th_heap_t *heap, size_t size) {
     return NULL;
   }
   th_assert(page_is_valid(page));
-  th_block_t *b = page->free;
-  page->free = b->next;
-  page->used++;
-  b->tag = 0;
-  return b;
+  return page_pop(page);
 }

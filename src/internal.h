@@ -55,7 +55,7 @@ void heap_page_insert(th_heap_t *heap, th_page_t *page);
 void heap_collect_ready(th_heap_t *heap);
 void heap_purge(th_heap_t *heap, bool force);
 void heap_collect(th_heap_t *heap);
-void heap_free_local(th_heap_t *heap, th_page_t *page, th_block_t *block);
+void heap_free_local(th_heap_t *heap, th_page_t *page);
 
 /* ---- page.c */
 void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_idx);
@@ -162,5 +162,14 @@ static inline size_t page_block_offset(const th_page_t *page, const void *p) {
 }
 
 static inline size_t align_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }
+
+/* Hand out the first free block of a page that has one: pop, count it used, clear its free tag. */
+static inline void *page_pop(th_page_t *page) {
+  th_block_t *b = page->free;
+  page->free = b->next;
+  page->used++;
+  b->tag = 0;
+  return b;
+}
 
 #endif /* TH_INTERNAL_H */

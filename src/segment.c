@@ -306,7 +306,7 @@ void segment_abandon(th_segment_t *seg) {
 /* Take over an abandoned segment of this kind: its live pages join the heap's queues, its empty pages are
  * freed. False when none is waiting. */
 bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
-  if (atomic_load_explicit(&abandoned_count, memory_order_relaxed) == 0) return NULL;
+  if (atomic_load_explicit(&abandoned_count, memory_order_relaxed) == 0) return false;
   pthread_mutex_lock(&abandoned_lock);
   th_segment_t *seg = abandoned_last[kind];
   if (seg) {
