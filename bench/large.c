@@ -62,45 +62,32 @@ int main(int argc, char **argv) {
     if (mb < 1) bench_die(prog, "sizes are in MiB and must be at least 1");
     size_t size = (size_t)mb << 20;
     struct rusage r0, r1;
-    double ta = 0, tt = 0, tf = 0;
-
-    getrusage(RUSAGE_SELF, &r0);
-    for (int it = 0; it < iters; it++) {
-      double t0 = bench_now();
-      char *p = malloc(size);
-      double t1 = bench_now();
-      if (!p) bench_die(prog, "malloc(%zu) failed", size);
-      bench_sink = p;
-      free(p);
-      double t2 = bench_now();
-      ta += t1 - t0;
-      tf += t2 - t1;
+    /* The same loop twice: blocks freed untouched, then with every page written before the free. */
+    for (int touched = 0; touched <= 1; touched++) {
+      double ta = 0, tt = 0, tf = 0;
+      getrusage(RUSAGE_SELF, &r0);
+      for (int it = 0; it < iters; it++) {
+        double t0 = bench_now();
+        char *p = malloc(size);
+        double t1 = bench_now();
+        if (!p) bench_die(prog, "malloc(%zu) failed", size);
+        if (touched) touch_pages(p, size, page, it);
+        bench_sink = p;
+        double t2 = bench_now();
+        free(p);
+        double t3 = bench_now();
+        ta += t1 - t0;
+        tt += t2 - t1;
+        tf += t3 - t2;
+      }
+      getrusage(RUSAGE_SELF, &r1);
+      report(touched ? "touched" : "untouched", mb, iters, ta, tt, tf, &r0, &r1);
     }
-    getrusage(RUSAGE_SELF, &r1);
-    report("untouched", mb, iters, ta, 0, tf, &r0, &r1);
-
-    ta = tt = tf = 0;
-    getrusage(RUSAGE_SELF, &r0);
-    for (int it = 0; it < iters; it++) {
-      double t0 = bench_now();
-      char *p = malloc(size);
-      double t1 = bench_now();
-      if (!p) bench_die(prog, "malloc(%zu) failed", size);
-      touch_pages(p, size, page, it);
-      double t2 = bench_now();
-      free(p);
-      double t3 = bench_now();
-      ta += t1 - t0;
-      tt += t2 - t1;
-      tf += t3 - t2;
-    }
-    getrusage(RUSAGE_SELF, &r1);
-    report("touched", mb, iters, ta, tt, tf, &r0, &r1);
 
     char *buf = malloc(size);
     if (!buf) bench_die(prog, "malloc(%zu) failed", size);
     touch_pages(buf, size, page, 0);
-    tt = 0;
+    double tt = 0;
     getrusage(RUSAGE_SELF, &r0);
     for (int it = 0; it < iters; it++) {
       double t0 = bench_now();

@@ -33,14 +33,6 @@ typedef struct block_s {
   uint64_t key;
 } block_t;
 
-static uint64_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdu;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53u;
-  x ^= x >> 33;
-  return x;
-}
 static void fill(block_t *b) {
   uint64_t *w = (uint64_t *)b->p;
   for (size_t i = 0; i < b->size / 8; i++) w[i] = b->key + i;
@@ -85,7 +77,7 @@ static size_t pick_size(uint64_t r, int k, int index) {
 
 static void *worker(void *arg) {
   job_t *job = arg;
-  uint64_t r = mix((uint64_t)job->index + 1);
+  uint64_t r = check_mix((uint64_t)job->index + 1);
   /* First the blocks of the previous wave, whose threads have exited: check and free them here. */
   for (;;) {
     block_t b = {0};
@@ -97,9 +89,9 @@ static void *worker(void *arg) {
   }
   block_t mine[PER_THREAD];
   for (int k = 0; k < PER_THREAD; k++) {
-    r = mix(r + (uint64_t)k);
+    r = check_mix(r + (uint64_t)k);
     mine[k].size = pick_size(r, k, job->index);
-    mine[k].key = mix(r ^ 0x5bd1e995u);
+    mine[k].key = check_mix(r ^ 0x5bd1e995u);
     mine[k].p = th_malloc(mine[k].size);
     if (!CHECK_MSG(mine[k].p != NULL, "malloc(%zu)", mine[k].size)) return NULL;
     fill(&mine[k]);

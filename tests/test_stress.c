@@ -50,14 +50,6 @@ static uint64_t xorshift(uint64_t *s) {
   x ^= x << 17;
   return *s = x;
 }
-static uint64_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdu;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53u;
-  x ^= x >> 33;
-  return x;
-}
 
 /* Words of the pattern: distinct per block (key) and per position, so a shifted copy does not match.
  * A byte past the last whole word is the byte the word would have there (little-endian), so the pattern
@@ -114,7 +106,7 @@ typedef struct worker_s {
 
 static void *worker(void *arg) {
   worker_t *self = arg;
-  uint64_t rng = mix(g_seed * 0x100000001b3u + (uint64_t)self->id + 1) | 1;
+  uint64_t rng = check_mix(g_seed * 0x100000001b3u + (uint64_t)self->id + 1) | 1;
   uint64_t serial = 0;
   block_t live[LIVE];
   int nlive = 0;
@@ -126,7 +118,7 @@ static void *worker(void *arg) {
       /* allocate */
       block_t b;
       b.size = random_size(&rng);
-      b.key = mix(g_seed ^ ((uint64_t)self->id << 48) ^ ++serial);
+      b.key = check_mix(g_seed ^ ((uint64_t)self->id << 48) ^ ++serial);
       b.owner = self->id;
       b.p = th_malloc(b.size);
       if (!CHECK_MSG(b.p != NULL, "malloc(%zu)", b.size)) break;
@@ -153,7 +145,7 @@ static void *worker(void *arg) {
       b->size = old.size < n ? old.size : n;
       verify_block(b, "after realloc");
       b->size = n;
-      b->key = mix(g_seed ^ ((uint64_t)self->id << 48) ^ ++serial);
+      b->key = check_mix(g_seed ^ ((uint64_t)self->id << 48) ^ ++serial);
       b->owner = self->id;
       fill(b->p, n, b->key);
       g_reallocs++;
