@@ -39,6 +39,36 @@ TH_API int th_posix_memalign(void **out, size_t alignment, size_t size);
 TH_API TH_MALLOC_ATTR void *th_memalign(size_t alignment, size_t size);
 TH_API size_t th_usable_size(const void *p);
 
+/* Explicit heaps: a private or shared heap of the program's own, built on the same pages and segments as the
+ * per-thread heaps (the seeds' HeapCreate, on Linux).
+ *
+ *  th_heap_create(flags, initial_size, max_size)
+ *    initial_size  bytes committed and touched at creation, so the first allocations take no page faults;
+ *                  they stay committed (never purged) while the heap lives.
+ *    max_size      cap on the heap's committed bytes (its pages' carved memory plus its huge blocks); 0 for
+ *                  no cap. An allocation that would pass it returns NULL with errno ENOMEM, after the heap
+ *                  has collected the blocks other threads freed into it; the heap stays usable.
+ *    flags         TH_HEAP_NO_SERIALIZE: only the creating thread allocates from the heap, with no lock and
+ *                  no atomic read-modify-write; any thread may free its blocks. An allocation from another
+ *                  thread stops the process with a "threadheap:" message. Without the flag any thread may
+ *                  allocate, under the heap's lock.
+ *    Unknown flags, or initial_size > max_size with a cap: NULL with errno EINVAL.
+ *  th_heap_destroy(heap) frees every block of the heap at once, in time proportional to its pages. Freeing
+ *    one of its blocks during or after destroy is misuse. th_heap_destroy(NULL) does nothing.
+ *  th_free(p), th_realloc(p, n) and th_usable_size(p) work for blocks of every heap, from any thread; a block
+ *    stays in its heap across th_realloc (a no-serialize heap's block reallocated by another thread moves to
+ *    that thread's default heap). th_heap_realloc(h, p, n) with p from another heap allocates in h, copies
+ *    and frees p. Functions given a NULL heap return NULL with errno EINVAL. */
+typedef struct th_heap_s th_heap_t;
+#define TH_HEAP_NO_SERIALIZE 0x1u
+
+TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max_size);
+TH_API void th_heap_destroy(th_heap_t *heap);
+TH_API TH_MALLOC_ATTR void *th_heap_malloc(th_heap_t *heap, size_t size);
+TH_API TH_MALLOC_ATTR void *th_heap_calloc(th_heap_t *heap, size_t count, size_t size);
+TH_API void *th_heap_realloc(th_heap_t *heap, void *p, size_t size);
+TH_API TH_MALLOC_ATTR void *th_heap_aligned_alloc(th_heap_t *heap, size_t alignment, size_t size);
+
 /* Return cached and empty memory to the OS now, for this thread's heap and the process-wide caches. */
 TH_API void th_collect(void);
 

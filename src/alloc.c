@@ -22,15 +22,15 @@ TH_API void *th_malloc(size_t size) {
 TH_API TH_MALLOC_ATTR void *malloc(size_t size) __attribute__((alias("th_malloc")));
 #endif
 
-static inline bool too_large(size_t size) { return size > (size_t)PTRDIFF_MAX - 2 * TH_SEGMENT_SIZE; }
+bool alloc_too_large(size_t size) { return size > (size_t)PTRDIFF_MAX - 2 * TH_SEGMENT_SIZE; }
 
 TH_API void *th_calloc(size_t count, size_t size) {
   size_t total;
-  if (th_unlikely(__builtin_mul_overflow(count, size, &total) || too_large(total))) {
+  if (th_unlikely(__builtin_mul_overflow(count, size, &total) || alloc_too_large(total))) {
     errno = ENOMEM;
     return NULL;
   }
-  if (total > TH_LARGE_MAX) return huge_alloc(total, 16, true);
+  if (total > TH_LARGE_MAX) return huge_alloc(NULL, total, 16, true);
   void *p = th_malloc(total);
   if (p) memset(p, 0, total);
   return p;
@@ -45,16 +45,27 @@ TH_API void *th_realloc(void *p, size_t size) {
     th_free(p);
     return NULL;
   }
-  if (too_large(size)) {
+  if (alloc_too_large(size)) {
     errno = ENOMEM;
     return NULL;
   }
   size_t usable = free_usable_size(page, p);
-  if (seg->kind == TH_KIND_HUGE && size > TH_LARGE_MAX)
-    return huge_realloc(seg, p, size);
+  /* A block stays in its explicit heap; a no-serialize heap's block moves to this thread's default heap
+   * when another thread reallocates it. */
+  th_heap_t *home = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+  if (home != NULL && (!heap_is_explicit(home) ||
+                       ((home->flags & TH_HEAP_NO_SERIALIZE) && home->thread_id != thread_id())))
+    home = NULL;
+  if (seg->kind == TH_KIND_HUGE && size > TH_LARGE_MAX) {
+    if (home == NULL) {
+      huge_disown(seg);
+      return huge_realloc(seg, p, size);
+    }
+    return explicit_huge_realloc(home, seg, p, size);
+  }
   /* In place while the block is big enough and not more than twice too big. */
   if (size <= usable && size >= usable / 2) return p;
-  void *q = th_malloc(size);
+  void *q = home ? th_heap_malloc(home, size) : th_malloc(size);
   if (q == NULL) return NULL; /* the old block stays as it was */
   memcpy(q, p, size < usable ? size : usable);
   th_free(p);
@@ -72,13 +83,13 @@ TH_API void *th_reallocarray(void *p, size_t count, size_t size) {
 
 /* alignment is a power of two greater than 16. Blocks that fit a heap page are taken with room to spare and
  * handed out at an aligned offset of at least 32 bytes (the word below says so); the rest are huge blocks. */
-void *alloc_aligned(size_t alignment, size_t size) {
-  if (too_large(size) || alignment > ((size_t)1 << 40)) {
+void *alloc_aligned(th_heap_t *heap, size_t alignment, size_t size) {
+  if (alloc_too_large(size) || alignment > ((size_t)1 << 40)) {
     errno = ENOMEM;
     return NULL;
   }
   if (alignment <= TH_LARGE_MAX / 4 && size + alignment + 16 <= TH_LARGE_MAX) {
-    uint8_t *b = th_malloc(size + alignment + 16);
+    uint8_t *b = heap ? th_heap_malloc(heap, size + alignment + 16) : th_malloc(size + alignment + 16);
     if (b == NULL || ((uintptr_t)b & (alignment - 1)) == 0) return b;
     uintptr_t p = ((uintptr_t)b + 32 + alignment - 1) & ~(uintptr_t)(alignment - 1);
     th_segment_t *seg = segment_lookup(b);
@@ -86,7 +97,7 @@ void *alloc_aligned(size_t alignment, size_t size) {
     ((uintptr_t *)p)[-1] = th_key ^ p ^ TH_ALIGN_SALT;
     return (void *)p;
   }
-  return huge_alloc(size, alignment, false);
+  return heap ? explicit_huge_alloc(heap, size, alignment, false) : huge_alloc(NULL, size, alignment, false);
 }
 
 bool alloc_is_aligned_tag(const void *p) {
@@ -94,22 +105,24 @@ bool alloc_is_aligned_tag(const void *p) {
 }
 
 /* glibc's memalign: alignments up to 16 are plain mallocs, others round up to a power of two. */
-TH_API void *th_memalign(size_t alignment, size_t size) {
-  if (alignment <= 16) return th_malloc(size);
+void *alloc_memalign(th_heap_t *heap, size_t alignment, size_t size) {
+  if (alignment <= 16) return heap ? th_heap_malloc(heap, size) : th_malloc(size);
   if (alignment > SIZE_MAX / 2 + 1) {
     errno = EINVAL;
     return NULL;
   }
   if (alignment & (alignment - 1)) alignment = (size_t)1 << (64 - __builtin_clzl(alignment));
-  return alloc_aligned(alignment, size);
+  return alloc_aligned(heap, alignment, size);
 }
+
+TH_API void *th_memalign(size_t alignment, size_t size) { return alloc_memalign(NULL, alignment, size); }
 
 /* glibc 2.36's aligned_alloc is memalign. */
 TH_API void *th_aligned_alloc(size_t alignment, size_t size) { return th_memalign(alignment, size); }
 
 TH_API int th_posix_memalign(void **out, size_t alignment, size_t size) {
   if (alignment % sizeof(void *) != 0 || (alignment & (alignment - 1)) != 0 || alignment == 0) return EINVAL;
-  void *p = alignment <= 16 ? th_malloc(size) : alloc_aligned(alignment, size);
+  void *p = alignment <= 16 ? th_malloc(size) : alloc_aligned(NULL, alignment, size);
   if (p == NULL) return ENOMEM;
   *out = p;
   return 0;

@@ -32,7 +32,8 @@ TH_API void th_free(void *p) {
       if (th_unlikely(--page->used == 0 || page->in_full)) {
         /* The only page of its class stays (malloc/free loops empty it again and again): no call. */
         if (!page->in_full && page->next == NULL && page->prev == NULL) return;
-        heap_free_local(th_heap_tls, page);
+        /* The thread's default heap or one of its no-serialize explicit heaps. */
+        heap_free_local(atomic_load_explicit(&seg->heap, memory_order_relaxed), page);
       }
       return;
     }
@@ -56,7 +57,8 @@ TH_NOINLINE void free_slow(void *p) {
     b->next = page->local_free;
     page->local_free = b;
     b->tag = free_tag(b);
-    if (--page->used == 0 || page->in_full) heap_free_local(th_heap_tls, page);
+    if (--page->used == 0 || page->in_full)
+      heap_free_local(atomic_load_explicit(&seg->heap, memory_order_relaxed), page);
   } else {
     b->tag = free_tag(b);
     page_push_remote(page, b);
@@ -199,6 +201,17 @@ _Noreturn void report_misuse(th_misuse_t kind, th_op_t op, const void *p, const 
     put_dec(&l, size);
     put_str(&l, ")");
   }
+  finish(&l);
+}
+
+_Noreturn void report_heap_misuse(const char *op, const char *problem, const void *heap) {
+  line_t l = {.n = 0};
+  put_str(&l, "threadheap: ");
+  put_str(&l, op);
+  put_str(&l, " ");
+  put_str(&l, problem);
+  put_str(&l, " ");
+  put_hex(&l, (uintptr_t)heap);
   finish(&l);
 }
 

@@ -150,7 +150,7 @@ void heap_purge(th_heap_t *heap, bool force) {
   segment_cache_purge(force);
   /* Abandoned segments whose blocks other threads keep freeing would otherwise hold their memory until some
    * thread runs short of pages: a live heap takes a few over on every purge round and frees what is empty. */
-  if (!force && heap != &th_heap_empty) {
+  if (!force && heap != &th_heap_empty && !heap_is_explicit(heap)) {
     for (int i = 0; i < 4; i++) {
       th_kind_t kind = (th_kind_t)(heap->stat.slow_calls / 16 % TH_KINDS_PAGED);
       if (!segment_try_adopt(heap, kind)) break;
@@ -158,8 +158,8 @@ void heap_purge(th_heap_t *heap, bool force) {
   }
 }
 
-/* Everything that can be given back now: remote frees collected, full pages revisited, empty pages freed. */
-void heap_collect(th_heap_t *heap) {
+/* Remote frees collected, full pages revisited, empty pages freed: what a capped heap does before failing. */
+void heap_collect_remote(th_heap_t *heap) {
   heap_collect_ready(heap);
   for (th_page_t *page = heap->full.first, *next; page; page = next) {
     next = page->next;
@@ -174,6 +174,11 @@ void heap_collect(th_heap_t *heap) {
       if (page->used == 0) page_free_empty(heap, page);
     }
   }
+}
+
+/* Everything that can be given back now: the above, then every free page slot purged. */
+void heap_collect(th_heap_t *heap) {
+  heap_collect_remote(heap);
   heap_purge(heap, true);
 }
 
@@ -191,8 +196,10 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
         if (page->local_free) {
           page->free = page->local_free;
           page->local_free = NULL;
+        } else if (page->capacity < page->reserved && page_extend(heap, page)) {
+          /* carved more blocks */
         } else if (page->capacity < page->reserved) {
-          page_extend(heap, page);
+          continue; /* a capped heap at its cap: another page may still have blocks */
         } else if (page_try_set_full(page)) {
           heap_queue_remove(heap, q, page);
           queue_push_back(heap, &heap->full, page);
@@ -210,7 +217,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
       }
       return page;
     }
-    if (tried_adopt) break;
+    if (tried_adopt || heap_is_explicit(heap)) break; /* explicit heaps own only what they allocated */
     tried_adopt = true;
     th_kind_t kind = class_kind(c);
     if (heap->segments[kind] != NULL && heap->segments[kind]->used_pages < heap->segments[kind]->page_count)
@@ -221,7 +228,10 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
   if (page == NULL) return NULL;
   th_segment_t *seg = segment_of_page(page);
   page_init(page, seg, (size_t)(page - seg->pages), c);
-  page_extend(heap, page);
+  if (!page_extend(heap, page)) { /* a capped heap at its cap */
+    segment_page_free(heap, page);
+    return NULL;
+  }
   queue_push_front(heap, q, page);
   return page;
 }
@@ -240,8 +250,12 @@ void *heap_malloc_slow(th_heap_t *heap, size_t size) {
     }
   }
   if ((++heap->stat.slow_calls & 15) == 0) heap_purge(heap, false);
-  if (size > TH_LARGE_MAX) return huge_alloc(size, 16, false);
+  if (size > TH_LARGE_MAX) return huge_alloc(heap_is_explicit(heap) ? heap : NULL, size, 16, false);
   th_page_t *page = heap_find_page(heap, size_class(size));
+  if (page == NULL && heap->max_size != 0) {
+    heap_collect_remote(heap); /* at the cap: blocks other threads freed into the heap may make room */
+    page = heap_find_page(heap, size_class(size));
+  }
   if (page == NULL) {
     errno = ENOMEM;
     return NULL;

@@ -6,17 +6,54 @@
 #include "internal.h"
 #include "os.h"
 
+/* Bytes from the segment start to the end of a block of size bytes at offset, in whole OS pages. */
+static size_t committed_for(size_t offset, size_t size) { return align_up(offset + size, os_page_size()); }
+
 static size_t huge_committed(const th_segment_t *seg, const void *p, size_t size) {
-  return align_up((size_t)((const uint8_t *)p - (const uint8_t *)seg) + size, os_page_size());
+  return committed_for((size_t)((const uint8_t *)p - (const uint8_t *)seg), size);
 }
 
-void *huge_alloc(size_t size, size_t alignment, bool zero) {
+/* An explicit heap's huge blocks are linked to it, so that th_heap_destroy finds them and its cap counts them.
+ * Any thread may free one, hence the lock; it is never held across a system call. */
+static void owner_link(th_heap_t *owner, th_segment_t *seg) {
+  pthread_mutex_lock(&owner->huge_lock);
+  seg->prev = NULL;
+  seg->next = owner->huge;
+  if (owner->huge) owner->huge->prev = seg;
+  owner->huge = seg;
+  atomic_fetch_add_explicit(&owner->huge_bytes, seg->huge_committed, memory_order_relaxed);
+  pthread_mutex_unlock(&owner->huge_lock);
+}
+
+static void owner_unlink(th_heap_t *owner, th_segment_t *seg) {
+  pthread_mutex_lock(&owner->huge_lock);
+  if (seg->prev) seg->prev->next = seg->next;
+  else owner->huge = seg->next;
+  if (seg->next) seg->next->prev = seg->prev;
+  seg->next = seg->prev = NULL;
+  atomic_fetch_sub_explicit(&owner->huge_bytes, seg->huge_committed, memory_order_relaxed);
+  pthread_mutex_unlock(&owner->huge_lock);
+}
+
+static bool owner_has_room(th_heap_t *owner, size_t bytes) {
+  return owner == NULL || owner->max_size == 0 ||
+         (heap_committed(owner) <= owner->max_size && bytes <= owner->max_size - heap_committed(owner));
+}
+
+void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
   if (size < 16) size = 16;
   size_t header = segment_header_size(1);
   size_t offset = align_up(header, alignment);
   if (size > (size_t)PTRDIFF_MAX - offset - 2 * TH_SEGMENT_SIZE) {
     errno = ENOMEM;
     return NULL;
+  }
+  if (!owner_has_room(owner, committed_for(offset, size))) {
+    heap_collect_remote(owner); /* blocks other threads freed into the heap may make room */
+    if (!owner_has_room(owner, committed_for(offset, size))) {
+      errno = ENOMEM;
+      return NULL;
+    }
   }
   size_t total = align_up(offset + size, TH_SEGMENT_SIZE);
   th_segment_t *seg;
@@ -47,6 +84,10 @@ void *huge_alloc(size_t size, size_t alignment, bool zero) {
   atomic_store_explicit(&seg->huge_live, 1, memory_order_release);
   stats_committed((long)seg->huge_committed);
   stats_count(&th_stats_global.huge_allocs);
+  if (owner) {
+    atomic_store_explicit(&seg->heap, owner, memory_order_relaxed);
+    owner_link(owner, seg);
+  }
   if (zero && !seg->is_zero) memset(p, 0, size);
   return p;
 }
@@ -54,6 +95,8 @@ void *huge_alloc(size_t size, size_t alignment, bool zero) {
 void huge_free(th_segment_t *seg, const void *p, th_op_t op) {
   if (atomic_exchange_explicit(&seg->huge_live, 0, memory_order_acq_rel) != 1)
     report_misuse(TH_MISUSE_FREED, op, p, p, free_usable_size(&seg->pages[0], p));
+  th_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+  if (owner) owner_unlink(owner, seg);
   stats_committed(-(long)seg->huge_committed);
   seg->is_zero = 0;
   segment_release(seg);
@@ -64,6 +107,13 @@ void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
   size_t need = align_up(offset + size, TH_SEGMENT_SIZE);
   size_t old = seg->size;
   long committed_before = (long)seg->huge_committed;
+  th_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+  size_t new_committed = huge_committed(seg, p, size);
+  if (owner && new_committed > seg->huge_committed && !owner_has_room(owner, new_committed - seg->huge_committed)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  if (owner) owner_unlink(owner, seg); /* the segment may move; relinked below */
   if (need < old) {
     /* Shrink in place: the tail goes back to the OS. */
     segment_map_set((th_segment_t *)((uint8_t *)seg + need), old - need, false);
@@ -77,12 +127,14 @@ void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
       /* Move: reserve an aligned range, then let the kernel move the pages there (no copy). */
       void *dest = os_map_aligned(need, TH_SEGMENT_SIZE);
       if (dest == NULL) {
+        if (owner) owner_link(owner, seg);
         errno = ENOMEM;
         return NULL;
       }
       stats_os_unmap(need);  /* the reservation is replaced, not added */
       if (os_remap(seg, old, need, dest) == NULL) {
         os_unmap(dest, need);
+        if (owner) owner_link(owner, seg);
         errno = ENOMEM;
         return NULL;
       }
@@ -95,7 +147,34 @@ void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
   }
   p = (uint8_t *)seg + offset;
   seg->pages[0].start = p;
-  seg->huge_committed = huge_committed(seg, p, size);
+  seg->huge_committed = new_committed;
   stats_committed((long)seg->huge_committed - committed_before);
+  if (owner) owner_link(owner, seg);
   return p;
+}
+
+/* The block leaves its explicit heap (th_realloc by a thread that may not allocate from the heap). */
+void huge_disown(th_segment_t *seg) {
+  th_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+  if (owner == NULL) return;
+  owner_unlink(owner, seg);
+  atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
+}
+
+/* th_heap_destroy: every huge block of the heap goes back at once; a later free of one is a double free. */
+void huge_release_all(th_heap_t *owner) {
+  pthread_mutex_lock(&owner->huge_lock);
+  th_segment_t *seg = owner->huge;
+  owner->huge = NULL;
+  atomic_store_explicit(&owner->huge_bytes, 0, memory_order_relaxed);
+  pthread_mutex_unlock(&owner->huge_lock);
+  while (seg) {
+    th_segment_t *next = seg->next;
+    atomic_store_explicit(&seg->huge_live, 0, memory_order_release);
+    stats_committed(-(long)seg->huge_committed);
+    seg->is_zero = 0;
+    seg->next = seg->prev = NULL;
+    segment_release(seg);
+    seg = next;
+  }
 }

@@ -38,10 +38,14 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
 size_t free_usable_size(const th_page_t *page, const void *p);
 _Noreturn void report_misuse(th_misuse_t kind, th_op_t op, const void *p, const void *block, size_t size);
 _Noreturn void report_fatal(const char *msg);
+_Noreturn void report_heap_misuse(const char *op, const char *problem, const void *heap);
 _Noreturn void report_assert(const char *cond, const char *file, int line);
 
 /* ---- alloc.c */
-void *alloc_aligned(size_t alignment, size_t size);
+/* heap: an explicit heap, or NULL for the calling thread's default heap */
+void *alloc_aligned(th_heap_t *heap, size_t alignment, size_t size);
+void *alloc_memalign(th_heap_t *heap, size_t alignment, size_t size);
+bool alloc_too_large(size_t size);
 bool alloc_is_aligned_tag(const void *p);
 
 /* ---- heap.c */
@@ -54,6 +58,7 @@ void heap_page_retire(th_heap_t *heap, th_page_t *page);
 void heap_page_insert(th_heap_t *heap, th_page_t *page);
 void heap_collect_ready(th_heap_t *heap);
 void heap_purge(th_heap_t *heap, bool force);
+void heap_collect_remote(th_heap_t *heap);
 void heap_collect(th_heap_t *heap);
 void heap_free_local(th_heap_t *heap, th_page_t *page);
 
@@ -77,6 +82,7 @@ void segment_page_free(th_heap_t *heap, th_page_t *page);
 th_segment_t *segment_of_page(const th_page_t *page);
 size_t segment_header_size(size_t page_count);
 th_segment_t *segment_map_new(size_t size, th_kind_t kind);
+void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched);
 void segment_release(th_segment_t *seg);
 void segment_cache_purge(bool force);
 void segment_abandon(th_segment_t *seg);
@@ -85,14 +91,25 @@ void segment_lock_all(void);
 void segment_unlock_all(bool child);
 
 /* ---- huge.c */
-void *huge_alloc(size_t size, size_t alignment, bool zero);
+/* owner: the explicit heap the block belongs to, or NULL for a block of a thread heap */
+void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero);
 void huge_free(th_segment_t *seg, const void *p, th_op_t op);
 void *huge_realloc(th_segment_t *seg, void *p, size_t size);
+void huge_release_all(th_heap_t *owner);
+void huge_disown(th_segment_t *seg);
+
+/* ---- explicit.c */
+void *explicit_huge_alloc(th_heap_t *heap, size_t size, size_t alignment, bool zero);
+void *explicit_huge_realloc(th_heap_t *heap, th_segment_t *seg, void *p, size_t size);
+void explicit_lock_all(void);
+void explicit_unlock_all(bool child);
 
 /* ---- thread.c */
 extern __thread th_heap_t *th_heap_tls __attribute__((tls_model("initial-exec")));
 extern uintptr_t th_key;
 th_heap_t *thread_heap_init(void);
+th_heap_t *thread_struct_alloc(void);
+void thread_struct_free(th_heap_t *heap);
 void process_init(void);
 
 /* ---- options.c */
@@ -162,6 +179,13 @@ static inline size_t page_block_offset(const th_page_t *page, const void *p) {
 }
 
 static inline size_t align_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }
+
+/* The bytes an explicit heap's cap counts: its pages' committed memory and its huge blocks. */
+static inline size_t heap_committed(th_heap_t *heap) {
+  return heap->stat.committed + atomic_load_explicit(&heap->huge_bytes, memory_order_relaxed);
+}
+
+static inline bool heap_is_explicit(const th_heap_t *heap) { return (heap->flags & TH_HEAP_EXPLICIT) != 0; }
 
 /* Hand out the first free block of a page that has one: pop, count it used, clear its free tag. */
 static inline void *page_pop(th_page_t *page) {

@@ -50,6 +50,15 @@ bool page_extend(th_heap_t *heap, th_page_t *page) {
   size_t ps = os_page_size();
   uintptr_t base = (uintptr_t)page->start & ~(uintptr_t)(ps - 1);
   size_t committed = align_up((uintptr_t)first + n * bsize - base, ps);
+  if (th_unlikely(heap->max_size != 0) && committed > page->committed) {
+    /* A capped heap commits page by page: carve one block if a whole batch would pass the cap. */
+    size_t room = heap->max_size - heap_committed(heap);
+    if (committed - page->committed > room) {
+      n = 1;
+      committed = align_up((uintptr_t)first + bsize - base, ps);
+      if (committed > page->committed && committed - page->committed > room) return false;
+    }
+  }
   if (committed > page->committed) {
     size_t delta = committed - page->committed;
     heap->stat.committed += delta;

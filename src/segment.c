@@ -107,20 +107,24 @@ th_segment_t *segment_map_new(size_t size, th_kind_t kind) {
     fresh = true;
     if (th_options.huge_pages) os_advise_huge(seg, size);
   }
-  size_t mapped = fresh ? size : seg->size;
+  if (fresh) segment_map_set(seg, size, true);
+  segment_init(seg, fresh ? size : seg->size, kind, fresh);
+  return seg;
+}
+
+/* Lay out a mapped segment's header for pages of one kind. untouched: its memory is fresh from the OS. */
+void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched) {
   size_t pages = kind == TH_KIND_SMALL ? TH_SEGMENT_SIZE >> TH_SMALL_PAGE_SHIFT
                : kind == TH_KIND_MEDIUM ? TH_SEGMENT_SIZE >> TH_MEDIUM_PAGE_SHIFT : 1;
   memset(seg, 0, segment_header_size(pages));
-  seg->size = mapped;
+  seg->size = size;
   seg->kind = (uint8_t)kind;
   seg->page_shift = kind == TH_KIND_SMALL ? TH_SMALL_PAGE_SHIFT
                   : kind == TH_KIND_MEDIUM ? TH_MEDIUM_PAGE_SHIFT
                   : kind == TH_KIND_LARGE ? TH_SEGMENT_SHIFT : 63;
   seg->page_count = (uint32_t)pages;
-  seg->is_zero = fresh;
-  for (size_t i = 0; i < pages; i++) seg->pages[i].is_purged = fresh;
-  if (fresh) segment_map_set(seg, mapped, true);
-  return seg;
+  seg->is_zero = untouched;
+  for (size_t i = 0; i < pages; i++) seg->pages[i].is_purged = untouched;
 }
 
 /* Give a segment with no live block back: into the cache, or to the OS when the cache cannot hold it. */
@@ -219,8 +223,15 @@ static void heap_segment_own(th_heap_t *heap, th_segment_t *seg) {
 th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind) {
   th_segment_t *seg = heap->segments[kind];
   if (seg == NULL || seg->used_pages == seg->page_count) {
-    seg = segment_map_new(TH_SEGMENT_SIZE, kind);
-    if (seg == NULL) return NULL;
+    if (heap->reserve != NULL) { /* an explicit heap's committed, touched initial memory comes first */
+      seg = heap->reserve;
+      heap->reserve = seg->next;
+      segment_init(seg, TH_SEGMENT_SIZE, kind, false);
+      seg->is_pinned = 1;
+    } else {
+      seg = segment_map_new(TH_SEGMENT_SIZE, kind);
+      if (seg == NULL) return NULL;
+    }
     heap_segment_own(heap, seg);
   }
   /* Prefer a slot whose memory is still committed: it takes no page faults. */
@@ -269,6 +280,11 @@ void segment_page_free(th_heap_t *heap, th_page_t *page) {
       }
     }
     heap_segment_unlink(heap, seg);
+    if (seg->is_pinned) { /* stays committed with its heap, for the next segment the heap needs */
+      seg->next = heap->reserve;
+      heap->reserve = seg;
+      return;
+    }
     segment_release(seg);
     return;
   }
@@ -276,7 +292,7 @@ void segment_page_free(th_heap_t *heap, th_page_t *page) {
     heap_segment_unlink(heap, seg);
     heap_segment_link_front(heap, seg);
   }
-  if (!page->is_purged) {
+  if (!page->is_purged && !seg->is_pinned) {
     page->free_since_ms = os_now_ms();
     page->purge_pending = 1;
     page->prev = heap->purge.last;

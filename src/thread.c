@@ -38,7 +38,7 @@ void process_init(void) {
   atomic_store_explicit(&init_state, 2, memory_order_release);
 }
 
-static th_heap_t *heap_struct_alloc(void) {
+th_heap_t *thread_struct_alloc(void) {
   pthread_mutex_lock(&heaps_lock);
   th_heap_t *heap = heaps_pool;
   if (heap) {
@@ -63,7 +63,7 @@ static th_heap_t *heap_struct_alloc(void) {
 
 th_heap_t *thread_heap_init(void) {
   process_init();
-  th_heap_t *heap = heap_struct_alloc();
+  th_heap_t *heap = thread_struct_alloc();
   if (heap == NULL) return NULL;
   heap_init(heap);
   heap->thread_id = thread_id();
@@ -96,6 +96,10 @@ static void thread_done(void *arg) {
   }
   stats_count(&th_stats_global.heaps_abandoned);
   atomic_fetch_sub_explicit((_Atomic(size_t) *)&th_stats_global.threads_live, 1, memory_order_relaxed);
+  thread_struct_free(heap);
+}
+
+void thread_struct_free(th_heap_t *heap) {
   pthread_mutex_lock(&heaps_lock);
   heap->next_free = heaps_pool;
   heaps_pool = heap;
@@ -108,16 +112,19 @@ static void thread_done(void *arg) {
 
 static void fork_prepare(void) {
   pthread_mutex_lock(&heaps_lock);
+  explicit_lock_all();
   segment_lock_all();
 }
 
 static void fork_parent(void) {
   segment_unlock_all(false);
+  explicit_unlock_all(false);
   pthread_mutex_unlock(&heaps_lock);
 }
 
 static void fork_child(void) {
   segment_unlock_all(true);
+  explicit_unlock_all(true);
   pthread_mutex_init(&heaps_lock, NULL);
 }
 

@@ -101,13 +101,15 @@ typedef struct th_page_queue_s {
  *   (uintptr_t)segment % TH_SEGMENT_SIZE == 0;  size % TH_SEGMENT_SIZE == 0
  *   map[(segment >> TH_SEGMENT_SHIFT) + i] == segment  for every i < size / TH_SEGMENT_SIZE while mapped
  *   used_pages == count of pages[i].in_use
- *   thread_id == heap->thread_id when owned by a thread's heap; 0 when abandoned, cached or huge */
+ *   thread_id == heap->thread_id when owned by a heap; 0 when abandoned, cached or huge
+ *   heap == the owner heap; NULL when abandoned or cached, and for huge blocks of thread heaps */
 struct th_segment_s {
   size_t size;               /* mapped bytes */
   uint8_t kind;              /* th_kind_t */
   uint8_t page_shift;        /* page index = (p - segment) >> page_shift; 63 for a huge segment */
   uint8_t is_zero;           /* huge: the memory is as fresh from the OS (all zero) */
   uint8_t in_cache;
+  uint8_t is_pinned;         /* committed by an explicit heap's initial_size: never purged while it lives */
   uint32_t page_count;
   uint32_t used_pages;
   _Atomic(uintptr_t) thread_id;
@@ -124,10 +126,19 @@ typedef struct th_heap_counters_s {
   uint64_t slow_calls;
 } th_heap_counters_t;
 
-/* A heap. Thread heaps are reached through th_heap_tls; only their thread allocates from them.
+/* The owner id of a serialized explicit heap's segments: no thread's id, so every free is a remote free. */
+#define TH_OWNER_SHARED ((uintptr_t)1)
+/* Heap flags beyond the public TH_HEAP_NO_SERIALIZE. */
+#define TH_HEAP_EXPLICIT 0x100u /* made by th_heap_create */
+#define TH_HEAP_LIVE_MAGIC 0x7448656170u  /* magic of an explicit heap from create to destroy */
+
+/* A heap. Thread heaps are reached through th_heap_tls; only their thread allocates from them. Explicit
+ * heaps (th_heap_create) are the same structure: a no-serialize heap has its creator as owner; a serialized
+ * heap has owner TH_OWNER_SHARED and every allocation holds its lock.
  * Invariants:
  *   direct[w] == queues[class of (w * 16)].first, or &th_page_empty when that queue is empty
- *   every page in queues[c] has class_idx == c and in_full == 0; every page in full has in_full == 1 */
+ *   every page in queues[c] has class_idx == c and in_full == 0; every page in full has in_full == 1
+ *   max_size == 0  ||  stat.committed + huge_bytes <= max_size   (after every allocation) */
 struct th_heap_s {
   th_page_t *direct[TH_DIRECT_SLOTS]; /* first: the fast path reads it at offset 0 */
   uintptr_t thread_id;                /* owner thread (its thread pointer); 0 for the empty heap */
@@ -139,6 +150,16 @@ struct th_heap_s {
   th_heap_counters_t stat;
   uint64_t next_purge_ms;             /* heap_purge does nothing before this time */
   th_heap_t *next_free;               /* link in the pool of unused heap structs */
+  /* explicit heaps only */
+  unsigned flags;                     /* TH_HEAP_NO_SERIALIZE, TH_HEAP_EXPLICIT */
+  uint64_t magic;                     /* TH_HEAP_LIVE_MAGIC from create to destroy */
+  size_t max_size;                    /* cap on stat.committed + huge_bytes; 0: none */
+  _Atomic(size_t) huge_bytes;         /* committed bytes of the heap's huge blocks */
+  th_segment_t *huge;                 /* the heap's huge blocks, under huge_lock */
+  th_segment_t *reserve;              /* pinned segments (initial_size) with no page in use */
+  pthread_mutex_t lock;               /* serialized heaps: held by every allocation */
+  pthread_mutex_t huge_lock;          /* guards huge: any thread may free a huge block */
+  th_heap_t *explicit_next, *explicit_prev; /* the list of live explicit heaps, for fork */
 };
 
 #endif /* TH_TYPES_H */

@@ -1,0 +1,251 @@
+/* explicit.c: heaps the program makes itself (th_heap_create ... th_heap_destroy), on the same pages and
+ * segments as the thread heaps. A no-serialize heap is a thread heap owned by its creator; a serialized heap
+ * belongs to no thread (owner TH_OWNER_SHARED): every allocation holds its lock, and every free, even by an
+ * allocating thread, is a lock-free remote free that the next allocation under the lock collects. */
+#include <errno.h>
+#include <string.h>
+
+#include "internal.h"
+#include "os.h"
+
+/* Live explicit heaps, so that fork can take every heap lock. */
+static pthread_mutex_t explicit_list_lock = PTHREAD_MUTEX_INITIALIZER;
+static th_heap_t *explicit_list;
+
+static void list_push(th_heap_t *heap) {
+  pthread_mutex_lock(&explicit_list_lock);
+  heap->explicit_prev = NULL;
+  heap->explicit_next = explicit_list;
+  if (explicit_list) explicit_list->explicit_prev = heap;
+  explicit_list = heap;
+  pthread_mutex_unlock(&explicit_list_lock);
+}
+
+static void list_remove(th_heap_t *heap) {
+  pthread_mutex_lock(&explicit_list_lock);
+  if (heap->explicit_prev) heap->explicit_prev->explicit_next = heap->explicit_next;
+  else explicit_list = heap->explicit_next;
+  if (heap->explicit_next) heap->explicit_next->explicit_prev = heap->explicit_prev;
+  heap->explicit_next = heap->explicit_prev = NULL;
+  pthread_mutex_unlock(&explicit_list_lock);
+}
+
+static inline bool is_serialized(const th_heap_t *heap) { return !(heap->flags & TH_HEAP_NO_SERIALIZE); }
+
+TH_COLD static void report_bad_heap(th_heap_t *heap, const char *op) {
+  if (heap->magic != TH_HEAP_LIVE_MAGIC || !heap_is_explicit(heap))
+    report_heap_misuse(op, "of a destroyed heap (or not a heap)", heap);
+  report_heap_misuse(op, "from a thread that does not own the TH_HEAP_NO_SERIALIZE heap", heap);
+}
+
+/* Before allocating: a serialized heap is locked (true is returned: unlock after); a no-serialize heap is
+ * checked to be the calling thread's, which also catches a destroyed one (its owner id is cleared). */
+static inline bool heap_enter(th_heap_t *heap, const char *op) {
+  if (heap->flags & TH_HEAP_NO_SERIALIZE) {
+    if (th_unlikely(heap->thread_id != thread_id())) report_bad_heap(heap, op);
+    return false;
+  }
+  if (th_unlikely(heap->magic != TH_HEAP_LIVE_MAGIC)) report_bad_heap(heap, op);
+  pthread_mutex_lock(&heap->lock);
+  return true;
+}
+
+static inline void heap_leave(th_heap_t *heap, bool locked) {
+  if (locked) pthread_mutex_unlock(&heap->lock);
+}
+
+/* th_malloc's fast path on a given heap. */
+static inline void *heap_alloc(th_heap_t *heap, size_t size) {
+  if (th_likely(size <= TH_DIRECT_MAX)) {
+    th_page_t *page = heap->direct[(size + 15) >> 4];
+    if (th_likely(page->free != NULL)) return page_pop(page);
+  }
+  return heap_malloc_slow(heap, size);
+}
+
+TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max_size) {
+  if ((flags & ~TH_HEAP_NO_SERIALIZE) != 0 || (max_size != 0 && initial_size > max_size) ||
+      alloc_too_large(initial_size)) {
+    errno = EINVAL;
+    return NULL;
+  }
+  process_init();
+  th_heap_t *heap = thread_struct_alloc();
+  if (heap == NULL) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  heap_init(heap);
+  heap->flags = flags | TH_HEAP_EXPLICIT;
+  heap->max_size = max_size;
+  heap->thread_id = (flags & TH_HEAP_NO_SERIALIZE) ? thread_id() : TH_OWNER_SHARED;
+  pthread_mutex_init(&heap->lock, NULL);
+  pthread_mutex_init(&heap->huge_lock, NULL);
+  heap->magic = TH_HEAP_LIVE_MAGIC;
+  list_push(heap);
+  /* The initial size is committed and touched now, in whole segments kept by the heap (pinned): the first
+   * pages carved from them take no page faults, and they are never purged while the heap lives. */
+  for (size_t done = 0; done < initial_size; done += TH_SEGMENT_SIZE) {
+    th_segment_t *seg = segment_map_new(TH_SEGMENT_SIZE, TH_KIND_SMALL);
+    if (seg == NULL) {
+      th_heap_destroy(heap);
+      errno = ENOMEM;
+      return NULL;
+    }
+    size_t n = initial_size - done < TH_SEGMENT_SIZE ? initial_size - done : TH_SEGMENT_SIZE;
+    os_commit(seg, align_up(n, os_page_size()));
+    atomic_store_explicit(&seg->thread_id, heap->thread_id, memory_order_relaxed);
+    atomic_store_explicit(&seg->heap, heap, memory_order_relaxed);
+    seg->is_pinned = 1;
+    seg->next = heap->reserve;
+    heap->reserve = seg;
+  }
+  stats_count(&th_stats_global.heaps_created);
+  return heap;
+}
+
+/* Every page of the segment forgets its blocks, so that a stale pointer into it reads as invalid, and the
+ * segment goes to the cache (or the OS). */
+static void segment_discard(th_segment_t *seg) {
+  for (size_t i = 0; i < seg->page_count; i++) {
+    th_page_t *page = &seg->pages[i];
+    page->in_use = 0;
+    page->free = page->local_free = NULL;
+    page->start = NULL;
+    page->block_size = 0;
+    page->block_magic = 0;
+    __atomic_store_n(&page->capacity, 0, __ATOMIC_RELAXED);
+    atomic_store_explicit(&page->thread_free, 0, memory_order_relaxed);
+  }
+  seg->used_pages = 0;
+  seg->is_pinned = 0;
+  seg->next = seg->prev = NULL;
+  segment_release(seg);
+}
+
+/* Time proportional to the heap's segments and pages, not to its blocks. */
+TH_API void th_heap_destroy(th_heap_t *heap) {
+  if (heap == NULL) return;
+  if (heap->magic != TH_HEAP_LIVE_MAGIC || !heap_is_explicit(heap))
+    report_heap_misuse("th_heap_destroy", "of a destroyed heap (or not a heap)", heap);
+  list_remove(heap);
+  bool locked = is_serialized(heap);
+  if (locked) pthread_mutex_lock(&heap->lock);
+  heap->magic = 0;
+  heap->thread_id = 0;
+  for (size_t k = 0; k < TH_KINDS_PAGED; k++) {
+    for (th_segment_t *seg = heap->segments[k], *next; seg; seg = next) {
+      next = seg->next;
+      segment_discard(seg);
+    }
+    heap->segments[k] = NULL;
+  }
+  for (th_segment_t *seg = heap->reserve, *next; seg; seg = next) {
+    next = seg->next;
+    segment_discard(seg);
+  }
+  heap->reserve = NULL;
+  huge_release_all(heap);
+  stats_committed(-(long)heap->stat.committed);
+  heap->stat.committed = 0;
+  if (locked) pthread_mutex_unlock(&heap->lock);
+  pthread_mutex_destroy(&heap->lock);
+  pthread_mutex_destroy(&heap->huge_lock);
+  heap->flags = 0;
+  thread_struct_free(heap);
+}
+
+TH_API void *th_heap_malloc(th_heap_t *heap, size_t size) {
+  if (heap == NULL) {
+    errno = EINVAL;
+    return NULL;
+  }
+  bool locked = heap_enter(heap, "th_heap_malloc");
+  void *p = heap_alloc(heap, size);
+  heap_leave(heap, locked);
+  return p;
+}
+
+void *explicit_huge_alloc(th_heap_t *heap, size_t size, size_t alignment, bool zero) {
+  bool locked = heap_enter(heap, "th_heap_malloc");
+  void *p = huge_alloc(heap, size, alignment, zero);
+  heap_leave(heap, locked);
+  return p;
+}
+
+void *explicit_huge_realloc(th_heap_t *heap, th_segment_t *seg, void *p, size_t size) {
+  bool locked = heap_enter(heap, "th_realloc");
+  void *q = huge_realloc(seg, p, size);
+  heap_leave(heap, locked);
+  return q;
+}
+
+TH_API void *th_heap_calloc(th_heap_t *heap, size_t count, size_t size) {
+  size_t total;
+  if (heap == NULL) {
+    errno = EINVAL;
+    return NULL;
+  }
+  if (__builtin_mul_overflow(count, size, &total) || alloc_too_large(total)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  if (total > TH_LARGE_MAX) return explicit_huge_alloc(heap, total, 16, true);
+  void *p = th_heap_malloc(heap, total);
+  if (p) memset(p, 0, total);
+  return p;
+}
+
+TH_API void *th_heap_aligned_alloc(th_heap_t *heap, size_t alignment, size_t size) {
+  if (heap == NULL) {
+    errno = EINVAL;
+    return NULL;
+  }
+  return alloc_memalign(heap, alignment, size);
+}
+
+TH_API void *th_heap_realloc(th_heap_t *heap, void *p, size_t size) {
+  if (heap == NULL) {
+    errno = EINVAL;
+    return NULL;
+  }
+  if (p == NULL) return th_heap_malloc(heap, size);
+  th_segment_t *seg;
+  th_page_t *page;
+  free_check_block(p, TH_OP_REALLOC, &seg, &page);
+  if (atomic_load_explicit(&seg->heap, memory_order_relaxed) == heap) return th_realloc(p, size);
+  if (size == 0) {
+    th_free(p);
+    return NULL;
+  }
+  void *q = th_heap_malloc(heap, size);
+  if (q == NULL) return NULL; /* p stays as it was */
+  size_t usable = free_usable_size(page, p);
+  memcpy(q, p, size < usable ? size : usable);
+  th_free(p);
+  return q;
+}
+
+/* ---- fork: every explicit heap's locks, after the list lock; released (or reset in the child) after. */
+
+void explicit_lock_all(void) {
+  pthread_mutex_lock(&explicit_list_lock);
+  for (th_heap_t *h = explicit_list; h; h = h->explicit_next) {
+    pthread_mutex_lock(&h->lock);
+    pthread_mutex_lock(&h->huge_lock);
+  }
+}
+
+void explicit_unlock_all(bool child) {
+  for (th_heap_t *h = explicit_list; h; h = h->explicit_next) {
+    if (child) {
+      pthread_mutex_init(&h->lock, NULL);
+      pthread_mutex_init(&h->huge_lock, NULL);
+    } else {
+      pthread_mutex_unlock(&h->huge_lock);
+      pthread_mutex_unlock(&h->lock);
+    }
+  }
+  if (child) pthread_mutex_init(&explicit_list_lock, NULL);
+  else pthread_mutex_unlock(&explicit_list_lock);
+}
