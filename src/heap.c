@@ -240,7 +240,13 @@ void *heap_malloc_slow(th_heap_t *heap, size_t size) {
   /* Sizes past the direct table: the first page of the class usually has a free block. */
   if (size <= TH_LARGE_MAX) {
     th_page_t *page = heap->queues[size_class(size)].first;
-    if (page != NULL && page->free != NULL) return page_pop(page);
+    if (page != NULL) {
+      if (page->free == NULL) { /* the owner's frees since the last refill: no lock, no atomic */
+        page->free = page->local_free;
+        page->local_free = NULL;
+      }
+      if (page->free != NULL) return page_pop(page);
+    }
   }
   if (th_unlikely(heap == &th_heap_empty)) {
     heap = thread_heap_init();
