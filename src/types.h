@@ -118,7 +118,7 @@ struct th_segment_s {
   uint64_t cached_since_ms;
   _Atomic(int) huge_live;    /* huge: 1 while the block is allocated; the exchange to 0 catches double frees */
   size_t huge_committed;     /* huge: bytes from the segment start to the block's end, in OS pages */
-  th_page_t pages[];         /* page_count descriptors */
+  _Alignas(128) th_page_t pages[]; /* page_count descriptors, each on two whole cache lines */
 };
 
 typedef struct th_heap_counters_s {
