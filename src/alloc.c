@@ -88,6 +88,9 @@ void *alloc_aligned(th_heap_t *heap, size_t alignment, size_t size) {
     errno = ENOMEM;
     return NULL;
   }
+  /* Every block has 16 usable bytes. It also keeps p inside b: p <= b + 32 + alignment - 16, so with size 0
+   * p could land on the end of b, the start of the next block. */
+  if (size < 16) size = 16;
   if (alignment <= TH_LARGE_MAX / 4 && size + alignment + 16 <= TH_LARGE_MAX) {
     uint8_t *b = heap ? th_heap_malloc(heap, size + alignment + 16) : th_malloc(size + alignment + 16);
     if (b == NULL || ((uintptr_t)b & (alignment - 1)) == 0) return b;

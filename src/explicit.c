@@ -109,6 +109,7 @@ TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max
 static void segment_discard(th_segment_t *seg) {
   for (size_t i = 0; i < seg->page_count; i++) {
     th_page_t *page = &seg->pages[i];
+    if (page->in_use) block_unpoison(page->start, (size_t)page->capacity * page->block_size);
     page->in_use = 0;
     page->free = page->local_free = NULL;
     page->start = NULL;

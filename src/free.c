@@ -31,6 +31,7 @@ TH_API void th_free(void *p) {
       b->next = page->local_free;
       page->local_free = b;
       b->tag = free_tag(b);
+      block_poison(b, page->block_size);
       page->used--;
       /* A page parked as full goes back to its queue; the owner is the thread's default heap or one of
        * its no-serialize explicit heaps. */
@@ -57,10 +58,12 @@ TH_NOINLINE void free_slow(void *p) {
     b->next = page->local_free;
     page->local_free = b;
     b->tag = free_tag(b);
+    block_poison(b, page->block_size);
     if (--page->used == 0 || page->in_full)
       heap_free_local(atomic_load_explicit(&seg->heap, memory_order_relaxed), page);
   } else {
     b->tag = free_tag(b);
+    block_poison(b, page->block_size);
     page_push_remote(page, b);
   }
   errno = saved_errno;

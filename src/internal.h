@@ -187,12 +187,29 @@ static inline size_t heap_committed(th_heap_t *heap) {
 
 static inline bool heap_is_explicit(const th_heap_t *heap) { return (heap->flags & TH_HEAP_EXPLICIT) != 0; }
 
+/* AddressSanitizer builds (TH_ASAN) poison a free small or medium block past its two list words, so that a
+ * use after free inside threadheap's pages is reported; other builds compile these to nothing. Poison never
+ * outlives the page: segment_page_free unpoisons what the page carved, so a huge block or another page
+ * that later takes the memory starts clean. */
+#ifdef TH_ASAN
+#include <sanitizer/asan_interface.h>
+static inline void block_poison(void *b, size_t size) {
+  if (size > sizeof(th_block_t) && size <= TH_MEDIUM_MAX)
+    ASAN_POISON_MEMORY_REGION((uint8_t *)b + sizeof(th_block_t), size - sizeof(th_block_t));
+}
+static inline void block_unpoison(void *b, size_t size) { ASAN_UNPOISON_MEMORY_REGION(b, size); }
+#else
+static inline void block_poison(void *b, size_t size) { (void)b, (void)size; }
+static inline void block_unpoison(void *b, size_t size) { (void)b, (void)size; }
+#endif
+
 /* Hand out the first free block of a page that has one: pop, count it used, clear its free tag. */
 static inline void *page_pop(th_page_t *page) {
   th_block_t *b = page->free;
   page->free = b->next;
   page->used++;
   b->tag = 0;
+  block_unpoison(b, page->block_size);
   return b;
 }
 

@@ -69,8 +69,10 @@ bool page_extend(th_heap_t *heap, th_page_t *page) {
   for (size_t i = 0; i + 1 < n; i++) {
     th_block_t *next = (th_block_t *)((uint8_t *)b + bsize);
     b->next = next;
+    block_poison(b, bsize);
     b = next;
   }
+  block_poison(b, bsize);
   b->next = page->free;
   page->free = (th_block_t *)first;
   __atomic_store_n(&page->capacity, page->capacity + (uint32_t)n, __ATOMIC_RELAXED); /* read by remote frees */

@@ -210,6 +210,36 @@ static void test_memalign_rounding(void) {
   CHECK_MSG(p == NULL && errno == ENOMEM, "memalign(2^63) = %p errno %d", p, errno);
 }
 
+/* An aligned block of size 0 or 1 is handed out near the end of a larger block: it must stay inside it, with
+ * 16 usable bytes that no other live block overlaps. */
+static void test_aligned_tiny(void) {
+  for (size_t a = 32; a <= 4096; a <<= 1) {
+    for (size_t n = 0; n <= 1; n++) {
+      enum { K = 64 };
+      unsigned char *p[K], *q[K];
+      for (int i = 0; i < K; i++) {
+        p[i] = th_memalign(a, n);
+        q[i] = th_malloc(a + 16); /* the size of the block the aligned one is carved from */
+      }
+      int overlap = 0, small = 0;
+      for (int i = 0; i < K; i++) {
+        size_t u = th_usable_size(p[i]);
+        if (u < 16) small++;
+        for (int j = 0; j < K; j++) {
+          size_t v = th_usable_size(q[j]);
+          if (p[i] < q[j] + v && q[j] < p[i] + u) overlap++;
+        }
+      }
+      CHECK_MSG(overlap == 0 && small == 0, "memalign(%zu, %zu): %d overlaps, %d blocks under 16 B", a, n,
+                overlap, small);
+      for (int i = 0; i < K; i++) {
+        th_free(p[i]);
+        th_free(q[i]);
+      }
+    }
+  }
+}
+
 static void test_alignments(void) {
   for (size_t a = 16; a <= 8 * MiB; a <<= 1) {
     size_t sizes[] = {0, 1, 100, a - 1, a + 1, 3 * MiB};
@@ -474,6 +504,7 @@ int main(void) {
   test_free_null_and_errno();
   test_huge_realloc_no_copy();
   /* Last: a wrong alignment answer may end the process, and the other results are already in. */
+  test_aligned_tiny();
   test_alignments();
   return check_summary();
 }
