@@ -147,7 +147,9 @@ void heap_purge(th_heap_t *heap, bool force) {
     if (hi > lo) os_purge((void *)lo, hi - lo);
     page->is_purged = 1;
   }
-  segment_cache_purge(force);
+  /* The process-wide cache keeps its own clock even when this heap purges everything (thread exit):
+   * other threads' large blocks stay cached. th_collect empties it. */
+  segment_cache_purge(false);
   /* Abandoned segments whose blocks other threads keep freeing would otherwise hold their memory until some
    * thread runs short of pages: a live heap takes a few over on every purge round and frees what is empty. */
   if (!force && heap != &th_heap_empty && !heap_is_explicit(heap)) {
@@ -249,6 +251,7 @@ void *heap_malloc_slow(th_heap_t *heap, size_t size) {
     }
   }
   if (th_unlikely(heap == &th_heap_empty)) {
+    if (thread_exited()) return thread_late_malloc(size);
     heap = thread_heap_init();
     if (heap == NULL) {
       errno = ENOMEM;

@@ -108,9 +108,14 @@ void explicit_unlock_all(bool child);
 extern __thread th_heap_t *th_heap_tls __attribute__((tls_model("initial-exec")));
 extern uintptr_t th_key;
 th_heap_t *thread_heap_init(void);
+bool thread_exited(void);
+void *thread_late_malloc(size_t size);
 th_heap_t *thread_struct_alloc(void);
 void thread_struct_free(th_heap_t *heap);
 void process_init(void);
+/* The forking thread, from the end of threadheap's fork prepare handler until its parent or child handler
+ * runs; 0 otherwise (see th_lock). */
+extern _Atomic(uintptr_t) thread_fork_owner;
 
 /* ---- options.c */
 typedef struct th_options_s {

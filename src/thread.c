@@ -75,13 +75,36 @@ th_heap_t *thread_heap_init(void) {
   return heap;
 }
 
-/* Thread exit. Other destructors and libc's own cleanup may still call free and malloc after this: frees
- * then take the remote path (the segments have no owner any more), and a malloc makes a new heap and
- * re-arms the key, so that this runs again. */
+/* Set once the thread's heap is abandoned. Other key destructors and libc's own cleanup may still call
+ * malloc and free after that: frees take the remote path (the segments have no owner any more), and
+ * mallocs go to the late heap, since a new heap made now might be created after the last destructor round
+ * and never be abandoned. */
+static __thread bool thread_is_done __attribute__((tls_model("initial-exec")));
+static _Atomic(th_heap_t *) late_heap;
+
+/* A serialized explicit heap shared by every thread past its exit, made on first use and never destroyed. */
+void *thread_late_malloc(size_t size) {
+  th_heap_t *heap = atomic_load_explicit(&late_heap, memory_order_acquire);
+  if (heap == NULL) {
+    th_heap_t *made = th_heap_create(0, 0, 0);
+    if (made == NULL) return NULL;
+    if (atomic_compare_exchange_strong_explicit(&late_heap, &heap, made, memory_order_acq_rel,
+                                                memory_order_acquire)) {
+      heap = made;
+    } else {
+      th_heap_destroy(made); /* another exiting thread made it first */
+    }
+  }
+  return th_heap_malloc(heap, size);
+}
+
+bool thread_exited(void) { return thread_is_done; }
+
 static void thread_done(void *arg) {
   th_heap_t *heap = arg;
   if (heap == NULL || heap == &th_heap_empty) return;
   th_heap_tls = &th_heap_empty;
+  thread_is_done = true;
   /* After this no remote free can name the heap: full pages go back to NORMAL first. */
   for (th_page_t *page = heap->full.first; page; page = page->next) page_clear_delay(page);
   heap_collect(heap);
