@@ -86,7 +86,8 @@ static void usage(void) {
   fprintf(stderr,
           "usage: contention [--smoke] [--full] [--sizes LIST] [--threads LIST] [--method malloc|mmap]\n"
           "                  [--seconds S] [--pairs N]\n"
-          "  default: sizes 1..64k (powers of two), threads 1..2x cores, each cell bounded by time\n");
+          "  default: sizes 1..64k (powers of two), threads 1..4 then powers of two up to 2x cores,\n"
+          "  each cell bounded by time (--full: 2^20 pairs per cell)\n");
   exit(2);
 }
 
@@ -113,10 +114,11 @@ int main(int argc, char **argv) {
   if (nsizes == 0)
     for (long s = 1; s <= 65536; s *= 2) sizes[nsizes++] = s;
   if (nthreads == 0) {
+    /* The seed's 1..4 threads, then powers of two up to twice the cores: 1,2,3,4 on two cores, 1,2,3,4,
+     * 8,16 on eight. */
     int maxt = 2 * bench_cores();
-    if (maxt > 8) maxt = 8;
-    if (maxt < 4) maxt = 4;
-    for (int t = 1; t <= maxt; t++) threads[nthreads++] = t;
+    for (int t = 1; t <= 4; t++) threads[nthreads++] = t;
+    for (int t = 8; t <= maxt && t <= 256 && nthreads < BENCH_MAX_LIST; t *= 2) threads[nthreads++] = t;
   }
   for (int i = 0; i < nthreads; i++)
     if (threads[i] < 1 || threads[i] > 256) bench_die(prog, "threads must be 1..256");

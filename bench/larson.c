@@ -53,7 +53,8 @@ int main(int argc, char **argv) {
     else {
       fprintf(stderr, "usage: larson [--smoke] [--full] [--threads N] [--rounds N] [--ops N] [--slots N]\n"
                       "              [--min-size B] [--max-size B]\n"
-                      "  default: threads = 2x cores (at most 8), 20 rounds of 100000 operations per thread, 10000 slots, 16..512 B\n");
+                      "  default: threads = 2x cores (at most 8), 20 rounds of 100000 operations per thread,\n"
+                      "  10000 slots, 16..512 B\n");
       return 2;
     }
   }

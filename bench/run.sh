@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/run.sh: what `make bench` runs. Sets up what the benchmark driver needs, then runs the default
-# `threadheap bench` (all experiments, all allocators; about five minutes on two cores).
-#   - a project-local venv .venv with matplotlib, rich and pytest, made once;
+# `threadheap bench` (all experiments, all allocators; at most five minutes on two cores).
+#   - a project-local venv .venv with matplotlib, rich and pytest, made once (as root, python3-venv is
+#     installed first when Debian's python3 lacks it);
 #   - the peer allocators from Debian, installed when running as root, otherwise named and left out.
 # Extra arguments go to `threadheap bench`, e.g. `bash bench/run.sh contention --reps 5`.
 # BUILD (default build) is the CMake build folder with libthreadheap.so and bin/.
@@ -10,30 +11,45 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD:-build}
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 venv="$root/.venv"
+as_root() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
+apt_install() {
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >&2 ||
+    { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >&2; }
+}
 
 if ! "$venv/bin/python" -c 'import matplotlib, rich, pytest' 2>/dev/null; then
   echo "bench/run.sh: setting up $venv (matplotlib, rich, pytest)" >&2
-  python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check matplotlib rich pytest
+  if ! python3 -c 'import ensurepip, venv' 2>/dev/null && as_root; then
+    apt_install python3-venv || true
+  fi
+  python3 -m venv "$venv" || { echo "bench/run.sh: cannot make $venv (is python3-venv installed?)" >&2; exit 1; }
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "matplotlib>=3.7" rich pytest
 fi
 
+# The peers: Debian package -> the library the driver preloads. ldconfig's list is read once (a pipe into
+# grep -q could end ldconfig with SIGPIPE, which pipefail would count as "missing").
 declare -A soname=([libmimalloc2.0]=libmimalloc.so.2 [libjemalloc2]=libjemalloc.so.2
                    [libtcmalloc-minimal4]=libtcmalloc_minimal.so.4)
+libs=$(ldconfig -p 2>/dev/null || true)
 missing=()
-for pkg in "${!soname[@]}"; do
-  if ! ldconfig -p | grep -q "${soname[$pkg]}"; then missing+=("$pkg"); fi
+for pkg in libmimalloc2.0 libjemalloc2 libtcmalloc-minimal4; do
+  case "$libs" in *"${soname[$pkg]} "*) ;; *) missing+=("$pkg") ;; esac
 done
 if ((${#missing[@]})); then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  if as_root; then
     echo "bench/run.sh: installing ${missing[*]}" >&2
-    apt-get install -y -q "${missing[@]}" >&2 || { apt-get update -q >&2 && apt-get install -y -q "${missing[@]}" >&2; } ||
-      echo "bench/run.sh: could not install ${missing[*]}; going on without them" >&2
+    apt_install "${missing[@]}" || echo "bench/run.sh: could not install ${missing[*]}; going on without them" >&2
   else
-    echo "bench/run.sh: missing peer allocators: ${missing[*]} (apt-get install them); going on without them" >&2
+    echo "bench/run.sh: missing peer allocators: ${missing[*]} (as root: apt-get install ${missing[*]});" \
+         "going on without them" >&2
   fi
 fi
 
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 export TH_LIB="${TH_LIB:-$build/libthreadheap.so}" TH_BIN_DIR="${TH_BIN_DIR:-$build/bin}"
+# The report records the command that made it: `make bench` when make ran this script with no arguments.
+if [ -z "${TH_BENCH_COMMAND:-}" ] && [ -n "${MAKELEVEL:-}" ] && [ $# -eq 0 ]; then
+  export TH_BENCH_COMMAND="make bench"
+fi
 cd "$root"
 exec "$venv/bin/python" -m threadheap bench "$@"

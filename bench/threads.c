@@ -1,4 +1,5 @@
-/* threads: the same per-thread work (alloc/free pairs of 1 KiB blocks) done by 1, 2, 4, 8 and 16 threads.
+/* threads: the same per-thread work (alloc/free pairs of 1 KiB blocks, or of each --sizes value) done by 1,
+ * 2, 4, 8 and 16 threads.
  *
  * Each thread does a fixed number of pairs, so the total work grows with the thread count. The speed-up is
  * the throughput (pairs per second over all threads) against the one-thread run of the same process:
@@ -43,8 +44,9 @@ static double run(int nthreads) {
 
 int main(int argc, char **argv) {
   long threads[BENCH_MAX_LIST] = {1, 2, 4, 8, 16};
-  int nthreads = 5;
-  long size = 1024, pairs = 2000000;
+  long sizes[BENCH_MAX_LIST] = {1024};
+  int nthreads = 5, nsizes = 1;
+  long pairs = 2000000;
   int smoke = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -52,33 +54,38 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--smoke")) smoke = 1;
     else if (!strcmp(a, "--full")) pairs = 10000000;
     else if (!strcmp(a, "--threads") && v) nthreads = bench_parse_list(prog, v, threads, BENCH_MAX_LIST), i++;
-    else if (!strcmp(a, "--sizes") && v) { long s[BENCH_MAX_LIST]; bench_parse_list(prog, v, s, BENCH_MAX_LIST); size = s[0]; i++; }
+    else if (!strcmp(a, "--sizes") && v) nsizes = bench_parse_list(prog, v, sizes, BENCH_MAX_LIST), i++;
     else if (!strcmp(a, "--pairs") && v) pairs = bench_parse_num(prog, v), i++;
     else {
-      fprintf(stderr, "usage: threads [--smoke] [--full] [--threads LIST] [--sizes SIZE] [--pairs N]\n");
+      fprintf(stderr, "usage: threads [--smoke] [--full] [--threads LIST] [--sizes LIST] [--pairs N]\n"
+                      "  default: 1 KiB blocks, threads 1,2,4,8,16, 2000000 pairs per thread\n");
       return 2;
     }
   }
   if (smoke) pairs = 50000;
-  if (size < 1 || pairs < 1) bench_die(prog, "size and pairs must be positive");
+  if (pairs < 1) bench_die(prog, "pairs must be positive");
+  for (int i = 0; i < nsizes; i++)
+    if (sizes[i] < 1) bench_die(prog, "sizes must be positive");
   for (int i = 0; i < nthreads; i++)
     if (threads[i] < 1 || threads[i] > 1024) bench_die(prog, "threads must be 1..1024");
-  g_size = (size_t)size;
   g_pairs = pairs;
-  /* The one-thread baseline is measured in this same process, right before the others. */
-  double base = run(1);
-  double base_rate = (double)pairs / base;
-  for (int i = 0; i < nthreads; i++) {
-    double secs = threads[i] == 1 ? base : run((int)threads[i]);
-    double rate = (double)pairs * (double)threads[i] / secs;
-    bench_json_begin("threads");
-    bench_json_int("size", size);
-    bench_json_int("threads", threads[i]);
-    bench_json_int("pairs_per_thread", pairs);
-    bench_json_num("seconds", secs);
-    bench_json_num("mpairs_per_s", rate / 1e6);
-    bench_json_num("speedup", rate / base_rate);
-    bench_json_end();
+  for (int s = 0; s < nsizes; s++) {
+    g_size = (size_t)sizes[s];
+    /* The one-thread baseline is measured in this same process, right before the others. */
+    double base = run(1);
+    double base_rate = (double)pairs / base;
+    for (int i = 0; i < nthreads; i++) {
+      double secs = threads[i] == 1 ? base : run((int)threads[i]);
+      double rate = (double)pairs * (double)threads[i] / secs;
+      bench_json_begin("threads");
+      bench_json_int("size", sizes[s]);
+      bench_json_int("threads", threads[i]);
+      bench_json_int("pairs_per_thread", pairs);
+      bench_json_num("seconds", secs);
+      bench_json_num("mpairs_per_s", rate / 1e6);
+      bench_json_num("speedup", rate / base_rate);
+      bench_json_end();
+    }
   }
   return 0;
 }

@@ -1,12 +1,13 @@
-"""Tests of the `threadheap bench` driver: parsing, aggregation, compare, outputs, and one end-to-end run.
+"""Tests of the `threadheap bench` driver: parsing, planning, aggregation, compare, outputs, the README tables,
+a run over fake workloads (the explicit-heaps binary included), and one end-to-end run of the real ones.
 
 The end-to-end test needs the built workloads and library (TH_BUILD_DIR, default build/); outside CI it is
 skipped when they are missing, in CI (CI set) it fails instead, so a broken build cannot pass unseen.
 """
 
-import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from threadheap import bench
-from threadheap.bench import BenchError
+from threadheap import bench_results as results
+from threadheap.bench_experiments import EXPERIMENTS, BenchError
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TH_BUILD_DIR", REPO / "build"))
@@ -34,7 +36,7 @@ def test_parse_count_suffixes():
 def test_parse_int_list():
     assert bench.parse_int_list("1,2,4", "threads") == [1, 2, 4]
     assert bench.parse_int_list("16,1k", "sizes") == [16, 1024]
-    for bad in ["", "1,,2", "a", "1,-2", "0"]:
+    for bad in ["", "1,,2", "a", "1,-2", "0", "1,2,"]:
         with pytest.raises(BenchError):
             bench.parse_int_list(bad, "threads")
 
@@ -43,6 +45,8 @@ def test_parse_name_list():
     assert bench.parse_name_list("glibc,threadheap,glibc", bench.ALLOCATORS, "allocator") == ["glibc", "threadheap"]
     with pytest.raises(BenchError, match="unknown allocator 'ptmalloc9'"):
         bench.parse_name_list("glibc,ptmalloc9", bench.ALLOCATORS, "allocator")
+    with pytest.raises(BenchError, match="malformed allocator list"):
+        bench.parse_name_list("glibc,", bench.ALLOCATORS, "allocator")
 
 
 def test_parse_output_ignores_other_lines():
@@ -52,21 +56,86 @@ def test_parse_output_ignores_other_lines():
         bench.parse_output("{not json\n")
 
 
-def test_normalize_row_makes_os_baselines_allocators():
-    r = bench.normalize_row({"experiment": "contention", "method": "mmap", "size": 8}, "os")
+def test_normalize_row_names_os_and_linked_rows():
+    r = bench.normalize_row({"experiment": "contention", "method": "mmap", "size": 8}, bench.OS_RUN)
     assert r["allocator"] == "os:mmap" and "method" not in r
+    r = bench.normalize_row({"experiment": "contention", "method": "heap_private_noserialize", "size": 8},
+                            bench.LINKED_RUN)
+    assert r["allocator"] == "th:private-noserialize"
+    r = bench.normalize_row({"experiment": "contention", "method": "new", "size": 8}, bench.LINKED_RUN)
+    assert r["allocator"] == "th:new"
     r = bench.normalize_row({"experiment": "contention", "method": "malloc", "size": 8}, "glibc")
     assert r["allocator"] == "glibc"
+    with pytest.raises(BenchError, match="without a \"method\""):
+        bench.normalize_row({"experiment": "contention", "size": 8}, bench.LINKED_RUN)
 
 
-def test_plan_interleaves_and_rotates():
-    cfg = bench.make_config(bench.build_parser().parse_args(["contention", "random", "--threads", "1,2"]))
+def config(argv):
+    return bench.make_config(bench.build_parser().parse_args(argv))
+
+
+def test_plan_interleaves_and_rotates(tmp_path):
+    cfg = config(["contention", "random", "--threads", "1,2", "--bin-dir", str(tmp_path)])
     groups = bench.plan_jobs(cfg, ["threadheap", "glibc"])
     # contention: one group (threads as a list) with the OS baseline; random: one group per thread count.
     assert [len(g) for g in groups] == [3, 2, 2]
     assert [j.allocator for j in groups[0]] == ["threadheap", "glibc", "os"]
+    assert groups[0][0].args == ["--threads", "1,2", "--method", "malloc"]
+    assert groups[0][2].args == ["--threads", "1,2", "--method", "mmap"]
     assert groups[1][0].args[-2:] == ["--threads", "1"]
     assert [j.allocator for j in bench.rotated(groups[0], 1)] == ["glibc", "os", "threadheap"]
+    assert [j.allocator for j in bench.rotated(groups[0], 3)] == ["threadheap", "glibc", "os"]
+
+
+def test_plan_runs_the_linked_workload_once_per_repetition_when_built(tmp_path, monkeypatch):
+    cfg = config(["contention", "--smoke", "--bin-dir", str(tmp_path)])
+    assert [j.allocator for j in bench.plan_jobs(cfg, ["threadheap", "glibc"])[0]] == ["threadheap", "glibc", "os"]
+    (tmp_path / "contention_heaps").write_text("")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    group = bench.plan_jobs(cfg, ["threadheap", "glibc"])[0]
+    assert [j.allocator for j in group] == ["threadheap", "glibc", "os", "th"]
+    assert group[3].exe_name == "contention_heaps"
+    # Both binaries get the same thread counts, so that their rows fill the same table cells.
+    assert group[3].args == ["--smoke", "--threads", "1,2,3,4", "--methods",
+                             "malloc,new,heap_shared,heap_private,heap_private_noserialize"]
+    assert group[0].args == ["--smoke", "--threads", "1,2,3,4", "--method", "malloc"]
+    assert group[0].exe_name == "contention"
+    # Without threadheap among the allocators its methods are not run either.
+    assert [j.allocator for j in bench.plan_jobs(cfg, ["glibc"])[0]] == ["glibc", "os"]
+
+
+def test_default_thread_counts(monkeypatch):
+    # Up to twice the cores, and always the seed's 3 threads (random, larson: one process per count).
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert bench.default_thread_counts() == [1, 2, 3, 4]
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert bench.default_thread_counts() == [1, 2, 3, 4, 8, 16]
+    cfg = config(["larson"])
+    assert [j.args for g in bench.plan_jobs(cfg, ["glibc"]) for j in g] == \
+        [["--threads", str(t)] for t in [1, 2, 3, 4, 8, 16]]
+
+
+def test_sizes_for_large_are_mib():
+    large, contention = EXPERIMENTS["large"], EXPERIMENTS["contention"]
+    warnings = []
+    sizes = [16, 1024, 8 << 20, 32 << 20]
+    assert bench.sizes_for(contention, sizes, False) == sizes
+    assert bench.sizes_for(large, sizes, False) == [8 << 20, 32 << 20]
+    assert bench.sizes_for(large, [8, 16], True) == [8, 16]  # alone: plain numbers are MiB
+    assert bench.sizes_for(large, [16, 1024], False, warnings.append) is None
+    assert len(warnings) == 1 and "large" in warnings[0]
+    assert bench.sizes_for(EXPERIMENTS["touch"], sizes, False) is None
+    cfg = config(["contention", "large", "--sizes", "64,8m"])
+    groups = bench.plan_jobs(cfg, ["glibc"])
+    assert groups[0][0].args[:2] == ["--sizes", "64,8388608"]
+    assert groups[1][0].args == ["--sizes", "8388608"]
+
+
+def test_command_line_is_recorded(monkeypatch):
+    monkeypatch.delenv("TH_BENCH_COMMAND", raising=False)
+    assert bench.command_line(["contention", "--sizes", "16,1k"]) == "threadheap bench contention --sizes 16,1k"
+    monkeypatch.setenv("TH_BENCH_COMMAND", "make bench")
+    assert bench.command_line([]) == "make bench"
 
 
 # ------------------------------------------------------------------------------------------------ aggregation
@@ -74,11 +143,13 @@ def test_plan_interleaves_and_rotates():
 
 def rows_fixture():
     rows = []
-    for rep, (th, gl) in enumerate([(1.0, 3.0), (2.0, 6.0), (4.0, 9.0)]):
+    for rep, (th, gl, priv) in enumerate([(1.0, 3.0, 0.5), (2.0, 6.0, 0.5), (4.0, 9.0, 2.0)]):
         rows.append({"experiment": "contention", "allocator": "threadheap", "size": 64, "threads": 2,
                      "us_per_op": th, "rep": rep})
         rows.append({"experiment": "contention", "allocator": "glibc", "size": 64, "threads": 2,
                      "us_per_op": gl, "rep": rep})
+        rows.append({"experiment": "contention", "allocator": "th:private", "size": 64, "threads": 2,
+                     "us_per_op": priv, "rep": rep})
     rows.append({"experiment": "xthread", "allocator": "threadheap", "live_mb": 64, "mblocks_per_s": 10.0,
                  "overhead": 0.1, "peak_rss_kb": 1000, "end_rss_kb": 10, "rep": 0})
     rows.append({"experiment": "xthread", "allocator": "glibc", "live_mb": 64, "mblocks_per_s": 5.0,
@@ -91,58 +162,86 @@ def cell(cells, exp, alloc):
 
 
 def test_aggregate_median_range_ratio():
-    cells = bench.aggregate(rows_fixture())
+    cells = results.aggregate(rows_fixture())
     th = cell(cells, "contention", "threadheap")["metrics"]["us_per_op"]
     gl = cell(cells, "contention", "glibc")["metrics"]["us_per_op"]
+    pr = cell(cells, "contention", "th:private")["metrics"]["us_per_op"]
     assert (th["median"], th["min"], th["max"], th["n"]) == (2.0, 1.0, 4.0, 3)
     assert (gl["median"], gl["min"], gl["max"]) == (6.0, 3.0, 9.0)
-    assert th["ratio"] == 1.0 and gl["ratio"] == 3.0
+    assert th["ratio"] == 1.0 and gl["ratio"] == 3.0 and pr["ratio"] == 0.25
     assert cell(cells, "xthread", "glibc")["metrics"]["mblocks_per_s"]["ratio"] == 0.5
-    assert bench.baseline_of(cells) == "threadheap"
+    assert results.baseline_of(cells) == "threadheap"
+
+
+def test_aggregate_median_of_even_count():
+    rows = [{"experiment": "xthread", "allocator": "glibc", "live_mb": 64, "mblocks_per_s": v, "rep": i}
+            for i, v in enumerate([4.0, 1.0, 3.0, 10.0])]
+    st = results.aggregate(rows)[0]["metrics"]["mblocks_per_s"]
+    assert (st["median"], st["min"], st["max"], st["n"]) == (3.5, 1.0, 10.0, 4)
 
 
 def test_aggregate_without_threadheap_uses_first_allocator():
-    rows = [r for r in rows_fixture() if r["allocator"] != "threadheap"]
-    cells = bench.aggregate(rows)
-    assert bench.baseline_of(cells) == "glibc"
+    rows = [r for r in rows_fixture() if r["allocator"] not in ("threadheap", "th:private")]
+    cells = results.aggregate(rows)
+    assert results.baseline_of(cells) == "glibc"
     assert cell(cells, "contention", "glibc")["metrics"]["us_per_op"]["ratio"] == 1.0
 
 
+def test_order_allocators():
+    names = ["os:mmap", "glibc", "th:private", "tcmalloc", "threadheap", "th:shared", "mimalloc"]
+    assert results.order_allocators(names) == ["threadheap", "th:private", "th:shared", "glibc", "mimalloc",
+                                               "tcmalloc", "os:mmap"]
+
+
 def test_tables_show_median_range_and_ratio():
-    cells = bench.aggregate(rows_fixture())
-    tables = bench.tables_for(bench.EXPERIMENTS["contention"], cells, "us_per_op")
-    assert len(tables) == 2  # seed layout: one table per allocator
-    title, header, rows = tables[1]
-    assert "glibc" in title and header == ["bytes", "2 threads"]
+    cells = results.aggregate(rows_fixture())
+    tables = results.tables_for(EXPERIMENTS["contention"], cells, "us_per_op")
+    # The seed's layout: one table per allocator, sizes down, threads across.
+    assert [t[0].split(",")[0] for t in tables] == ["contention: threadheap", "contention: th:private",
+                                                     "contention: glibc"]
+    title, header, rows = tables[2]
+    assert header == ["bytes", "2 threads"]
     assert rows == [["64", "6.00 [3.00–9.00] ×3.00"]]
-    title, header, rows = bench.tables_for(bench.EXPERIMENTS["xthread"], cells, "mblocks_per_s")[0]
-    assert header == ["live_mb", "threadheap", "glibc"] and rows[0][2].endswith("×0.50")
+    assert tables[1][2] == [["64", "0.500 [0.500–2.00] ×0.25"]]
+    title, header, rows = results.tables_for(EXPERIMENTS["xthread"], cells, "mblocks_per_s")[0]
+    assert header == ["live_mb", "threadheap", "glibc"] and rows[0][2] == "5.00 ×0.50"
 
 
 # ------------------------------------------------------------------------------------------------ compare
 
 
-def result_of(rows):
-    cells = bench.aggregate(rows)
-    return {"meta": {}, "baseline": bench.baseline_of(cells), "raw": rows, "cells": cells}
+def result_of(rows, experiments=("contention", "xthread")):
+    cells = results.aggregate(rows)
+    meta = {"started": "2026-01-01T00:00:00", "seconds": 12.0, "command": "make bench",
+            "machine": {"cpu": "Test CPU 3000", "cores": 2, "kernel": "6.1.0", "glibc": "2.36", "memory_gib": 4.0,
+                        "packages": {"libc6": "2.36-9"}, "libraries": {"threadheap": "/x/libthreadheap.so",
+                                                                       "glibc": "(system malloc)"},
+                        "versions": {"threadheap": "0.1 abc1234", "glibc": "2.36-9"}},
+            "config": {"experiments": list(experiments), "reps": 3}}
+    return {"meta": meta, "baseline": results.baseline_of(cells), "raw": rows, "cells": cells}
 
 
 def test_compare_per_cell_ratio():
     a = result_of(rows_fixture())
     faster = [dict(r, us_per_op=r["us_per_op"] / 2) if r["experiment"] == "contention" else r for r in rows_fixture()]
     b = result_of(faster)
-    out = bench.compare(a, b)
+    out = results.compare(a, b)
     byk = {(r["experiment"], r["allocator"], r["metric"]): r for r in out}
     assert byk[("contention", "threadheap", "us_per_op")]["ratio"] == 0.5
     assert byk[("xthread", "glibc", "mblocks_per_s")]["ratio"] == 1.0
+    # Only cells present in both runs.
+    c = result_of([r for r in rows_fixture() if r["experiment"] == "xthread"])
+    assert {r["experiment"] for r in results.compare(a, c)} == {"xthread"}
 
 
 def test_compare_cli(tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(result_of(rows_fixture())))
-    b.write_text(json.dumps(result_of(rows_fixture())))
+    b.write_text(json.dumps(result_of([dict(r, us_per_op=r["us_per_op"] * 2) if "us_per_op" in r else r
+                                       for r in rows_fixture()])))
     assert bench.main(["--compare", str(a), str(b)]) == 0
-    assert "B/A" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "B/A" in out and "2.000" in out
     assert bench.main(["--compare", str(a), str(tmp_path / "missing.json")]) == 2
     assert capsys.readouterr().err.startswith("threadheap bench: cannot read")
 
@@ -150,9 +249,23 @@ def test_compare_cli(tmp_path, capsys):
 # ------------------------------------------------------------------------------------------------ outputs
 
 
+def report_tables(report):
+    """The markdown tables of report.md: {title: [rows as lists of cells]}."""
+    tables, title = {}, None
+    for line in report.splitlines():
+        m = re.fullmatch(r"\*\*(.+)\*\*", line)
+        if m:
+            title = m.group(1)
+            tables[title] = []
+        elif line.startswith("| ") and title is not None:
+            tables[title].append([c.strip() for c in line.strip("|").split("|")])
+    return {t: rows[1:] for t, rows in tables.items()}  # without the header row
+
+
 def check_outputs_agree(out, experiments):
+    """JSON, CSV, PNGs and report.md of one run hold the same cells with the same medians."""
     data = json.loads((out / "results.json").read_text())
-    rows = bench.read_csv(out / "results.csv")
+    rows = results.read_csv(out / "results.csv")
     n_metrics = sum(len(c["metrics"]) for c in data["cells"])
     assert len(rows) == n_metrics > 0
     for c in data["cells"]:
@@ -163,28 +276,89 @@ def check_outputs_agree(out, experiments):
             assert float(match[0]["median"]) == pytest.approx(st["median"])
             assert float(match[0]["min"]) == pytest.approx(st["min"])
             assert float(match[0]["max"]) == pytest.approx(st["max"])
+            assert int(match[0]["n"]) == st["n"]
     report = (out / "report.md").read_text()
     for e in experiments:
         png = out / f"{e}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({e}.png)" in report
-    for a in {c["allocator"] for c in data["cells"]}:
-        assert a in report
-    assert "CPU" in report and "glibc" in report and "kernel" in report
+    # Every contention cell is in its allocator's table of the report, with the JSON's median and range.
+    tables = report_tables(report)
+    for c in data["cells"]:
+        if c["experiment"] != "contention":
+            continue
+        title = next(t for t in tables if t.startswith(f"contention: {c['allocator']},"))
+        header_threads = sorted({x["params"]["threads"] for x in data["cells"] if x["experiment"] == "contention"})
+        row = next(r for r in tables[title] if r[0] == str(c["params"]["size"]))
+        assert row[1 + header_threads.index(c["params"]["threads"])] == results.fmt_stat(c["metrics"]["us_per_op"])
+    assert "CPU" in report and "kernel" in report
+    for a in data["meta"]["machine"]["libraries"]:
+        assert f"| {a} |" in report
     return data, rows, report
 
 
 def test_write_outputs_on_fixed_results(tmp_path):
-    rows = rows_fixture()
-    cells = bench.aggregate(rows)
-    result = {"meta": {"started": "2026-01-01T00:00:00", "seconds": 1.0, "command": "threadheap bench",
-                       "machine": bench.machine_info({"threadheap": "/x/libthreadheap.so", "glibc": None}),
-                       "config": {"experiments": ["contention", "xthread"], "reps": 3}},
-              "baseline": bench.baseline_of(cells), "raw": rows, "cells": cells}
-    charts = bench.write_outputs(tmp_path, result)
+    result = result_of(rows_fixture())
+    charts = results.write_outputs(tmp_path, result)
     assert set(charts) == {"contention", "xthread"}
     data, csv_rows, report = check_outputs_agree(tmp_path, ["contention", "xthread"])
     assert "6.00 [3.00–9.00] ×3.00" in report
+    assert "Test CPU 3000, 2 cores" in report and "threadheap 0.1 abc1234" in report
+    assert data["cells"] == result["cells"]
+
+
+def test_machine_info_records_versions():
+    info = results.machine_info({"glibc": None})
+    assert info["cores"] == os.cpu_count() and info["kernel"]
+    assert set(info["packages"]) == {"libc6", "libmimalloc2.0", "libjemalloc2", "libtcmalloc-minimal4"}
+    assert info["versions"]["glibc"]  # the Debian package's version, else the C library's
+
+
+# ------------------------------------------------------------------------------------------------ readme
+
+
+def test_readme_markdown_headline_tables(tmp_path):
+    rows = rows_fixture()
+    for rep, v in enumerate([0.2, 0.1, 0.3]):
+        rows.append({"experiment": "contention", "allocator": "threadheap", "size": 64, "threads": 1,
+                     "us_per_op": v, "rep": rep})
+    for t, sp in [(1, 1.0), (2, 1.9)]:
+        rows.append({"experiment": "threads", "allocator": "threadheap", "size": 1024, "threads": t,
+                     "seconds": 1.0, "mpairs_per_s": 10 * sp, "speedup": sp, "rep": 0})
+    for mode, total in [("untouched", 0.5), ("touched", 300.0), ("reused", 40.0)]:
+        rows.append({"experiment": "large", "allocator": "threadheap", "mode": mode, "size_mb": 32,
+                     "total_us_per_mb": total, "alloc_us_per_mb": 0.1, "touch_us_per_mb": total / 2,
+                     "free_us_per_mb": 1.0, "sys_us_per_mb": 100.0, "minflt_per_iter": 8192.0, "rep": 0})
+    result = result_of(rows, ["contention", "threads", "large", "xthread"])
+    (tmp_path / "contention.png").write_bytes(b"\x89PNG")
+    md = results.readme_markdown(result, tmp_path)
+    assert "Command: `make bench`" in md and "Test CPU 3000" in md
+    tables = report_tables(md)
+    one = next(t for t in tables if t.startswith("contention:") and ", 1 thread " in t)
+    two = next(t for t in tables if t.startswith("contention:") and ", 2 threads" in t)
+    assert tables[one] == [["64", "0.200 ×1.00", "–", "–"]]
+    assert tables[two] == [["64", "2.00 ×1.00", "0.500 ×0.25", "6.00 ×3.00"]]
+    sp = next(t for t in tables if t.startswith("threads:"))
+    assert tables[sp] == [["1", "1.00 ×1.00"], ["2", "1.90 ×1.00"]]
+    lg = next(t for t in tables if t.startswith("large:"))
+    assert tables[lg][0][:2] == ["threadheap", "0.500 ×1.00"] and tables[lg][1][0] == "reused buffer (threadheap)"
+    assert "![contention](docs/bench/contention.png)" in md and f"cp {tmp_path}/contention.png docs/bench/" in md
+    assert "threads.png" not in md  # no such chart in the folder
+
+
+def test_readme_leaves_out_linked_rows_that_repeat_an_os_baseline():
+    rows = [{"experiment": "contention", "allocator": a, "size": 64, "threads": 1, "us_per_op": v, "rep": 0}
+            for a, v in [("threadheap", 0.01), ("th:mmap", 5.0), ("os:mmap", 5.0), ("th:private", 0.02)]]
+    tables = report_tables(results.readme_markdown(result_of(rows, ["contention"])))
+    assert list(tables.values()) == [[["64", "0.0100 ×1.00", "0.0200 ×2.00", "5.00 ×500"]]]
+
+
+def test_readme_cli(tmp_path, capsys):
+    (tmp_path / "results.json").write_text(json.dumps(result_of(rows_fixture())))
+    assert bench.main(["--readme", str(tmp_path)]) == 0
+    assert "| bytes | threadheap | th:private | glibc |" in capsys.readouterr().out
+    assert bench.main(["--readme", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.startswith("threadheap bench: cannot read")
 
 
 # ------------------------------------------------------------------------------------------------ bad input
@@ -193,9 +367,14 @@ def test_write_outputs_on_fixed_results(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["nosuch"], "unknown experiment 'nosuch'"),
     (["contention", "--allocators", "glibc,hoard"], "unknown allocator 'hoard'"),
+    (["contention", "--allocators", ""], "malformed allocator list"),
     (["contention", "--threads", "1,x"], "malformed threads list"),
+    (["contention", "--threads", "0"], "threads must be positive"),
     (["contention", "--sizes", ""], "malformed sizes list"),
+    (["contention", "--sizes", "16,,32"], "malformed sizes list"),
     (["contention", "--reps", "zero"], "malformed --reps"),
+    (["contention", "--reps", "0"], "--reps must be at least 1"),
+    (["contention", "--full", "--smoke"], "exclude each other"),
 ])
 def test_bad_input_is_one_line_error(argv, message, capsys, tmp_path):
     assert bench.main(argv + ["--out", str(tmp_path / "o")]) == 2
@@ -203,12 +382,20 @@ def test_bad_input_is_one_line_error(argv, message, capsys, tmp_path):
     assert err.startswith("threadheap bench: ") and message in err and err.count("\n") == 1
 
 
+def test_usage_error_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["contention", "--no-such-option"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("threadheap bench: unrecognized arguments") and err.count("\n") == 1
+
+
 def test_unwritable_output_folder(capsys, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert bench.main(["contention", "--smoke", "--allocators", "glibc", "--out", str(blocker / "sub")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("threadheap bench: cannot write to output folder")
+    assert err.startswith("threadheap bench: cannot write to output folder") and err.count("\n") == 1
 
 
 def test_cli_dispatch_unknown_command(capsys):
@@ -218,26 +405,119 @@ def test_cli_dispatch_unknown_command(capsys):
     assert "unknown command" in capsys.readouterr().err
 
 
+# ------------------------------------------------------------------------------------------------ fake workloads
+
+FAKE_CONTENTION = r"""#!/bin/sh
+# A stand-in for bench/contention: 2.0 us/op under glibc, 1.0 with a preload, 50 for --method mmap.
+echo "$LD_PRELOAD" >> "$FAKE_LOG.contention"
+v=2.0; [ -n "$LD_PRELOAD" ] && v=1.0
+m=malloc; case "$*" in *"--method mmap"*) m=mmap; v=50;; esac
+for s in 16 64; do
+  echo "{\"experiment\":\"contention\",\"method\":\"$m\",\"size\":$s,\"threads\":1,\"pairs\":1024,\"us_per_op\":$v}"
+done
+"""
+
+FAKE_HEAPS = r"""#!/bin/sh
+# A stand-in for bench/contention_heaps (links threadheap): one row per method of --methods and size; logs
+# its preload and arguments.
+echo "preload=[$LD_PRELOAD] args=[$*]" >> "$FAKE_LOG.heaps"
+n=$(wc -l < "$FAKE_LOG.heaps")
+methods=malloc,new,heap_shared,heap_private,heap_private_noserialize,mmap
+while [ $# -gt 0 ]; do [ "$1" = --methods ] && methods=$2; shift; done
+for m in $(echo "$methods" | tr , ' '); do
+  for s in 16 64; do
+    echo "{\"experiment\":\"contention\",\"method\":\"$m\",\"size\":$s,\"threads\":1,\"pairs\":1024,\"us_per_op\":0.$n}"
+  done
+done
+"""
+
+
+def harmless_library():
+    """A real shared library whose preload changes nothing, to stand in for libthreadheap.so."""
+    for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"):
+        p = Path(d) / "libm.so.6"
+        if p.exists():
+            return p
+    pytest.skip("no libm.so.6 to preload")
+
+
+def test_linked_workload_rows_join_contention(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in [("contention", FAKE_CONTENTION), ("contention_heaps", FAKE_HEAPS)]:
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    log = tmp_path / "log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    out = tmp_path / "out"
+    assert bench.main(["contention", "--smoke", "--allocators", "threadheap,glibc", "--lib", str(harmless_library()),
+                       "--bin-dir", str(bindir), "--reps", "2", "--out", str(out)]) == 0
+    # Once per repetition, with no preload, on the experiment's arguments (not --method).
+    heaps_log = (tmp_path / "log.heaps").read_text().splitlines()
+    assert len(heaps_log) == 2 and all(line.startswith("preload=[] args=[--smoke --threads ") and
+                                       line.endswith(" --methods malloc,new,heap_shared,heap_private,"
+                                                     "heap_private_noserialize]") for line in heaps_log)
+    assert len((tmp_path / "log.contention").read_text().splitlines()) == 2 * 3  # threadheap, glibc, os
+    data = json.loads((out / "results.json").read_text())
+    allocs = {c["allocator"] for c in data["cells"]}
+    # th:mmap is not asked for: os:mmap measures it.
+    assert allocs == {"threadheap", "glibc", "os:mmap", "th:malloc", "th:new", "th:shared", "th:private",
+                      "th:private-noserialize"}
+    c = cell(data["cells"], "contention", "th:private-noserialize")
+    st = c["metrics"]["us_per_op"]
+    assert (st["min"], st["max"], st["n"]) == (0.1, 0.2, 2) and st["median"] == pytest.approx(0.15)
+    assert st["ratio"] == pytest.approx(0.15)  # against threadheap's 1.0
+    assert cell(data["cells"], "contention", "glibc")["metrics"]["us_per_op"]["ratio"] == 2.0
+    check_outputs_agree(out, ["contention"])
+    assert set(data["meta"]["experiment_seconds"]) == {"contention"}
+    report = (out / "report.md").read_text()
+    assert "**contention: th:private-noserialize, µs per alloc/free pair" in report
+    md = results.readme_markdown(data, out)
+    assert "| bytes | threadheap | th:malloc | th:new | th:shared | th:private | th:private-noserialize | glibc " \
+           "| os:mmap |" in md
+
+
+def test_failing_workload_is_one_line_error(tmp_path, capsys):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "contention").write_text("#!/bin/sh\necho 'contention: out of luck' >&2\nexit 3\n")
+    (bindir / "contention").chmod(0o755)
+    assert bench.main(["contention", "--allocators", "glibc", "--bin-dir", str(bindir), "--out",
+                       str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "threadheap bench: contention under glibc failed (exit 3): contention: out of luck"
+
+
 # ------------------------------------------------------------------------------------------------ end to end
 
 
 def test_end_to_end_contention_smoke(tmp_path):
+    """`threadheap bench contention --smoke` with glibc and threadheap, through the build's launcher."""
     lib, bindir = BUILD / "libthreadheap.so", BUILD / "bin"
-    if not (lib.exists() and (bindir / "contention").exists()):
-        msg = f"needs a build with {lib} and {bindir}/contention"
+    if not (lib.exists() and (bindir / "contention").exists() and (bindir / "threadheap").exists()):
+        msg = f"needs a build with {lib}, {bindir}/contention and {bindir}/threadheap"
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
     out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"), TH_LIB=str(lib), TH_BIN_DIR=str(bindir))
-    proc = subprocess.run([sys.executable, "-m", "threadheap", "bench", "contention", "--smoke",
+    env = {k: v for k, v in os.environ.items() if k not in ("TH_LIB", "TH_BIN_DIR", "TH_BENCH_COMMAND")}
+    proc = subprocess.run([str(bindir / "threadheap"), "bench", "contention", "--smoke",
                            "--allocators", "glibc,threadheap", "--reps", "2", "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr
     data, rows, report = check_outputs_agree(out, ["contention"])
-    assert {c["allocator"] for c in data["cells"]} == {"glibc", "threadheap", "os:mmap"}
+    allocs = {c["allocator"] for c in data["cells"]}
+    assert {"glibc", "threadheap", "os:mmap"} <= allocs
+    # th:* rows come only from the explicit-heaps workload, when it has been built.
+    assert all(a.startswith("th:") for a in allocs - {"glibc", "threadheap", "os:mmap"})
+    assert bool(allocs - {"glibc", "threadheap", "os:mmap"}) == (bindir / "contention_heaps").exists()
     assert data["baseline"] == "threadheap"
+    assert data["meta"]["command"] == "threadheap bench contention --smoke --allocators glibc,threadheap --reps 2 " \
+                                      f"--out {out}"
     assert all(c["metrics"]["us_per_op"]["n"] == 2 for c in data["cells"])
+    # The seed's grid: 1 B..64 KiB by 1..4 threads (and more threads on a machine with more cores).
+    grid = {(c["params"]["size"], c["params"]["threads"]) for c in data["cells"] if c["allocator"] == "glibc"}
+    assert {(1 << i, t) for i in range(17) for t in range(1, 5)} <= grid
     # The raw rows are the workload's own lines, two repetitions of each cell under each allocator.
     assert len(data["raw"]) == 2 * len(data["cells"])
     assert "threadheap" in proc.stdout and "×" in proc.stdout
