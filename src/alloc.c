@@ -20,6 +20,8 @@ TH_API void *th_malloc(size_t size) {
 }
 #ifdef TH_OVERRIDE
 TH_API TH_MALLOC_ATTR void *malloc(size_t size) __attribute__((alias("th_malloc")));
+extern const char override_anchor;
+__attribute__((used)) static const char *const keep_override = &override_anchor;
 #endif
 
 bool alloc_too_large(size_t size) { return size > (size_t)PTRDIFF_MAX - 2 * TH_SEGMENT_SIZE; }

@@ -13,21 +13,21 @@ static pthread_mutex_t explicit_list_lock = PTHREAD_MUTEX_INITIALIZER;
 static th_heap_t *explicit_list;
 
 static void list_push(th_heap_t *heap) {
-  pthread_mutex_lock(&explicit_list_lock);
+  th_lock(&explicit_list_lock);
   heap->explicit_prev = NULL;
   heap->explicit_next = explicit_list;
   if (explicit_list) explicit_list->explicit_prev = heap;
   explicit_list = heap;
-  pthread_mutex_unlock(&explicit_list_lock);
+  th_unlock(&explicit_list_lock);
 }
 
 static void list_remove(th_heap_t *heap) {
-  pthread_mutex_lock(&explicit_list_lock);
+  th_lock(&explicit_list_lock);
   if (heap->explicit_prev) heap->explicit_prev->explicit_next = heap->explicit_next;
   else explicit_list = heap->explicit_next;
   if (heap->explicit_next) heap->explicit_next->explicit_prev = heap->explicit_prev;
   heap->explicit_next = heap->explicit_prev = NULL;
-  pthread_mutex_unlock(&explicit_list_lock);
+  th_unlock(&explicit_list_lock);
 }
 
 static inline bool is_serialized(const th_heap_t *heap) { return !(heap->flags & TH_HEAP_NO_SERIALIZE); }
@@ -46,12 +46,12 @@ static inline bool heap_enter(th_heap_t *heap, const char *op) {
     return false;
   }
   if (th_unlikely(heap->magic != TH_HEAP_LIVE_MAGIC)) report_bad_heap(heap, op);
-  pthread_mutex_lock(&heap->lock);
+  th_lock(&heap->lock);
   return true;
 }
 
 static inline void heap_leave(th_heap_t *heap, bool locked) {
-  if (locked) pthread_mutex_unlock(&heap->lock);
+  if (locked) th_unlock(&heap->lock);
 }
 
 /* th_malloc's fast path on a given heap. */
@@ -131,7 +131,7 @@ TH_API void th_heap_destroy(th_heap_t *heap) {
     report_heap_misuse("th_heap_destroy", "of a destroyed heap (or not a heap)", heap);
   list_remove(heap);
   bool locked = is_serialized(heap);
-  if (locked) pthread_mutex_lock(&heap->lock);
+  if (locked) th_lock(&heap->lock);
   heap->magic = 0;
   heap->thread_id = 0;
   for (size_t k = 0; k < TH_KINDS_PAGED; k++) {
@@ -149,14 +149,15 @@ TH_API void th_heap_destroy(th_heap_t *heap) {
   huge_release_all(heap);
   stats_committed(-(long)heap->stat.committed);
   heap->stat.committed = 0;
-  if (locked) pthread_mutex_unlock(&heap->lock);
+  if (locked) th_unlock(&heap->lock);
   pthread_mutex_destroy(&heap->lock);
   pthread_mutex_destroy(&heap->huge_lock);
   heap->flags = 0;
   thread_struct_free(heap);
 }
 
-TH_API void *th_heap_malloc(th_heap_t *heap, size_t size) {
+/* Everything but the owner of a no-serialize heap: a NULL heap, a serialized heap (locked), misuse. */
+TH_NOINLINE static void *heap_malloc_other(th_heap_t *heap, size_t size) {
   if (heap == NULL) {
     errno = EINVAL;
     return NULL;
@@ -165,6 +166,13 @@ TH_API void *th_heap_malloc(th_heap_t *heap, size_t size) {
   void *p = heap_alloc(heap, size);
   heap_leave(heap, locked);
   return p;
+}
+
+/* The owner of a no-serialize heap takes th_malloc's path on the heap's own direct table: a serialized heap's
+ * owner id (TH_OWNER_SHARED) and a destroyed heap's (0) are no thread's, so both go the other way. */
+TH_API void *th_heap_malloc(th_heap_t *heap, size_t size) {
+  if (th_likely(heap != NULL && heap->thread_id == thread_id())) return heap_alloc(heap, size);
+  return heap_malloc_other(heap, size);
 }
 
 void *explicit_huge_alloc(th_heap_t *heap, size_t size, size_t alignment, bool zero) {
@@ -230,10 +238,10 @@ TH_API void *th_heap_realloc(th_heap_t *heap, void *p, size_t size) {
 /* ---- fork: every explicit heap's locks, after the list lock; released (or reset in the child) after. */
 
 void explicit_lock_all(void) {
-  pthread_mutex_lock(&explicit_list_lock);
+  th_lock(&explicit_list_lock);
   for (th_heap_t *h = explicit_list; h; h = h->explicit_next) {
-    pthread_mutex_lock(&h->lock);
-    pthread_mutex_lock(&h->huge_lock);
+    th_lock(&h->lock);
+    th_lock(&h->huge_lock);
   }
 }
 
@@ -243,10 +251,10 @@ void explicit_unlock_all(bool child) {
       pthread_mutex_init(&h->lock, NULL);
       pthread_mutex_init(&h->huge_lock, NULL);
     } else {
-      pthread_mutex_unlock(&h->huge_lock);
-      pthread_mutex_unlock(&h->lock);
+      th_unlock(&h->huge_lock);
+      th_unlock(&h->lock);
     }
   }
   if (child) pthread_mutex_init(&explicit_list_lock, NULL);
-  else pthread_mutex_unlock(&explicit_list_lock);
+  else th_unlock(&explicit_list_lock);
 }

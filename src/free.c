@@ -82,6 +82,7 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
   if (seg->kind == TH_KIND_HUGE) {
     th_page_t *page = &seg->pages[0];
     *page_out = page;
+    if (!page->in_use) report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0); /* its heap was destroyed */
     if (p != page->start) report_misuse(TH_MISUSE_INTERIOR, op, p, page->start, free_usable_size(page, page->start));
     if (atomic_load_explicit(&seg->huge_live, memory_order_acquire) != 1)
       report_misuse(TH_MISUSE_FREED, op, p, p, free_usable_size(page, p));
@@ -217,6 +218,9 @@ _Noreturn void report_heap_misuse(const char *op, const char *problem, const voi
   put_hex(&l, (uintptr_t)heap);
   finish(&l);
 }
+
+/* operator new out of memory with no C++ runtime to throw from (see new.cpp). */
+_Noreturn void th_new_out_of_memory(void) { report_fatal("operator new: out of memory, and no std::bad_alloc to throw"); }
 
 _Noreturn void report_fatal(const char *msg) {
   line_t l = {.n = 0};

@@ -259,10 +259,20 @@ void *heap_malloc_slow(th_heap_t *heap, size_t size) {
     }
   }
   if ((++heap->stat.slow_calls & 15) == 0) heap_purge(heap, false);
-  if (size > TH_LARGE_MAX) return huge_alloc(heap_is_explicit(heap) ? heap : NULL, size, 16, false);
+  if (size > TH_LARGE_MAX) {
+    th_heap_t *owner = heap_is_explicit(heap) ? heap : NULL;
+    void *p = huge_alloc(owner, size, 16, false);
+    if (p == NULL && owner == NULL) { /* out of address space: empty pages may give segments back */
+      heap_collect_remote(heap);
+      p = huge_alloc(owner, size, 16, false);
+    }
+    return p;
+  }
   th_page_t *page = heap_find_page(heap, size_class(size));
-  if (page == NULL && heap->max_size != 0) {
-    heap_collect_remote(heap); /* at the cap: blocks other threads freed into the heap may make room */
+  if (page == NULL) {
+    /* At an explicit heap's cap, or out of address space: empty pages of other classes and remote frees
+     * may give a segment back, which segment_map_new can then unmap and map again. */
+    heap_collect_remote(heap);
     page = heap_find_page(heap, size_class(size));
   }
   if (page == NULL) {

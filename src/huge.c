@@ -16,23 +16,23 @@ static size_t huge_committed(const th_segment_t *seg, const void *p, size_t size
 /* An explicit heap's huge blocks are linked to it, so that th_heap_destroy finds them and its cap counts them.
  * Any thread may free one, hence the lock; it is never held across a system call. */
 static void owner_link(th_heap_t *owner, th_segment_t *seg) {
-  pthread_mutex_lock(&owner->huge_lock);
+  th_lock(&owner->huge_lock);
   seg->prev = NULL;
   seg->next = owner->huge;
   if (owner->huge) owner->huge->prev = seg;
   owner->huge = seg;
   atomic_fetch_add_explicit(&owner->huge_bytes, seg->huge_committed, memory_order_relaxed);
-  pthread_mutex_unlock(&owner->huge_lock);
+  th_unlock(&owner->huge_lock);
 }
 
 static void owner_unlink(th_heap_t *owner, th_segment_t *seg) {
-  pthread_mutex_lock(&owner->huge_lock);
+  th_lock(&owner->huge_lock);
   if (seg->prev) seg->prev->next = seg->next;
   else owner->huge = seg->next;
   if (seg->next) seg->next->prev = seg->prev;
   seg->next = seg->prev = NULL;
   atomic_fetch_sub_explicit(&owner->huge_bytes, seg->huge_committed, memory_order_relaxed);
-  pthread_mutex_unlock(&owner->huge_lock);
+  th_unlock(&owner->huge_lock);
 }
 
 static bool owner_has_room(th_heap_t *owner, size_t bytes) {
@@ -163,14 +163,15 @@ void huge_disown(th_segment_t *seg) {
 
 /* th_heap_destroy: every huge block of the heap goes back at once; a later free of one is a double free. */
 void huge_release_all(th_heap_t *owner) {
-  pthread_mutex_lock(&owner->huge_lock);
+  th_lock(&owner->huge_lock);
   th_segment_t *seg = owner->huge;
   owner->huge = NULL;
   atomic_store_explicit(&owner->huge_bytes, 0, memory_order_relaxed);
-  pthread_mutex_unlock(&owner->huge_lock);
+  th_unlock(&owner->huge_lock);
   while (seg) {
     th_segment_t *next = seg->next;
     atomic_store_explicit(&seg->huge_live, 0, memory_order_release);
+    seg->pages[0].in_use = 0; /* a later free names an invalid pointer, not a double free */
     stats_committed(-(long)seg->huge_committed);
     seg->is_zero = 0;
     seg->next = seg->prev = NULL;

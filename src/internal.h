@@ -38,6 +38,7 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
 size_t free_usable_size(const th_page_t *page, const void *p);
 _Noreturn void report_misuse(th_misuse_t kind, th_op_t op, const void *p, const void *block, size_t size);
 _Noreturn void report_fatal(const char *msg);
+_Noreturn void th_new_out_of_memory(void);
 _Noreturn void report_heap_misuse(const char *op, const char *problem, const void *heap);
 _Noreturn void report_assert(const char *cond, const char *file, int line);
 
@@ -124,9 +125,13 @@ typedef struct th_options_s {
   long show_stats;   /* THREADHEAP_SHOW_STATS */
   long verbose;      /* THREADHEAP_VERBOSE */
   long huge_pages;   /* THREADHEAP_HUGE_PAGES */
+  long stats_pid;    /* THREADHEAP_STATS_PID: only this process prints the counters at exit; 0: any */
+  const char *stats_file; /* THREADHEAP_STATS_FILE: where the counters go at exit; NULL: stderr */
 } th_options_t;
 extern th_options_t th_options;
 void options_init(void);
+/* One "threadheap: ..." line on stderr when THREADHEAP_VERBOSE is on; keeps errno. Slow paths only. */
+void options_verbose(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- stats.c */
 void stats_os_map(size_t size);
@@ -136,11 +141,28 @@ void stats_committed(long delta);
 void stats_cached(long delta);
 void stats_count(size_t *counter);
 void stats_add_remote(size_t n);
+/* THREADHEAP_SHOW_STATS: print the counters at exit (to THREADHEAP_STATS_FILE or stderr). stats_init runs
+ * after options_init and prepares that. */
+void stats_init(void);
+void stats_print_at_exit(void);
 extern th_stats_t th_stats_global;
 
 /* ---- shared inline helpers */
 
 static inline uintptr_t thread_id(void) { return (uintptr_t)__builtin_thread_pointer(); }
+
+/* Every slow-path lock is taken through these. Between threadheap's fork handlers the forking thread holds
+ * all of them, with the data they guard consistent; fork handlers the program registered before threadheap's
+ * run inside that window (their prepare after ours, their child before ours) and may allocate: for that
+ * thread the lock is as good as held, so none is taken. Other threads take the lock, and wait. */
+static inline void th_lock(pthread_mutex_t *m) {
+  if (th_unlikely(atomic_load_explicit(&thread_fork_owner, memory_order_relaxed) == thread_id())) return;
+  pthread_mutex_lock(m);
+}
+static inline void th_unlock(pthread_mutex_t *m) {
+  if (th_unlikely(atomic_load_explicit(&thread_fork_owner, memory_order_relaxed) == thread_id())) return;
+  pthread_mutex_unlock(m);
+}
 
 /* Size class of a request: multiples of 16 to 128, then four classes per power of two (worst waste < 25%). */
 static inline size_t size_class(size_t n) {

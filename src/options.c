@@ -1,4 +1,7 @@
 /* options.c: the THREADHEAP_* environment options, in one table, read once by options_init. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,22 +16,40 @@ th_options_t th_options = {
     .show_stats = 0,
     .verbose = 0,
     .huge_pages = 0,
+    .stats_pid = 0,
+    .stats_file = NULL,
 };
 
 typedef struct option_desc_s {
-  const char *name; /* THREADHEAP_<NAME> */
-  long *value;
+  const char *name;  /* THREADHEAP_<NAME> */
+  long *value;       /* a number, or NULL for a text option */
   long min, max;
-  bool has_unit;    /* accepts a K, M or G suffix */
+  bool has_unit;     /* accepts a K, M or G suffix */
+  const char **text; /* a text option: set to a copy of the value, taken at init */
 } option_desc_t;
 
 static const option_desc_t option_table[] = {
-    {"THREADHEAP_PURGE_DELAY", &th_options.purge_delay, 0, 3600L * 1000, false},
-    {"THREADHEAP_CACHE_MAX", &th_options.cache_max, 0, 1L << 46, true},
-    {"THREADHEAP_SHOW_STATS", &th_options.show_stats, 0, 1, false},
-    {"THREADHEAP_VERBOSE", &th_options.verbose, 0, 2, false},
-    {"THREADHEAP_HUGE_PAGES", &th_options.huge_pages, 0, 1, false},
+    {"THREADHEAP_PURGE_DELAY", &th_options.purge_delay, 0, 3600L * 1000, false, NULL},
+    {"THREADHEAP_CACHE_MAX", &th_options.cache_max, 0, 1L << 46, true, NULL},
+    {"THREADHEAP_SHOW_STATS", &th_options.show_stats, 0, 1, false, NULL},
+    {"THREADHEAP_VERBOSE", &th_options.verbose, 0, 2, false, NULL},
+    {"THREADHEAP_HUGE_PAGES", &th_options.huge_pages, 0, 1, false, NULL},
+    {"THREADHEAP_STATS_PID", &th_options.stats_pid, 0, 1L << 31, false, NULL},
+    {"THREADHEAP_STATS_FILE", NULL, 0, 0, false, &th_options.stats_file},
 };
+
+/* Copies of the text options: the program may later rewrite its environment (setproctitle does). */
+static char text_pool[4096];
+static size_t text_used;
+
+static bool copy_text(const char *text, const char **out) {
+  size_t n = strlen(text) + 1;
+  if (n == 1 || n > sizeof text_pool - text_used) return false;
+  memcpy(text_pool + text_used, text, n);
+  *out = text_pool + text_used;
+  text_used += n;
+  return true;
+}
 
 static void warn_option(const char *name, const char *text) {
   char line[256];
@@ -62,13 +83,52 @@ static bool parse_value(const char *s, bool has_unit, long *out) {
   return true;
 }
 
+void options_verbose(const char *fmt, ...) {
+  if (!th_options.verbose) return;
+  int saved = errno;
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(line + 12, sizeof line - 13, fmt, ap); /* snprintf of numbers and strings: no malloc */
+  va_end(ap);
+  if (n >= 0) {
+    memcpy(line, "threadheap: ", 12);
+    size_t len = 12 + ((size_t)n < sizeof line - 14 ? (size_t)n : sizeof line - 14);
+    line[len++] = '\n';
+    os_write_err(line, len);
+  }
+  errno = saved;
+}
+
+/* THREADHEAP_VERBOSE: the version, the process and every option's value in effect, on one line. */
+static void print_options(void) {
+  if (!th_options.verbose) return;
+  char line[640];
+  size_t n = 0;
+  for (size_t i = 0; i < sizeof option_table / sizeof option_table[0] && n < sizeof line; i++) {
+    const option_desc_t *o = &option_table[i];
+    const char *name = o->name + sizeof "THREADHEAP_" - 1;
+    int w = o->value ? snprintf(line + n, sizeof line - n, " %s=%ld", name, *o->value)
+                     : snprintf(line + n, sizeof line - n, " %s=%s", name, *o->text ? *o->text : "-");
+    if (w > 0) n += (size_t)w;
+  }
+  options_verbose("version %d.%d, pid %ld, options:%s", TH_VERSION_MAJOR, TH_VERSION_MINOR, os_process_id(),
+                  line);
+}
+
 void options_init(void) {
   for (size_t i = 0; i < sizeof option_table / sizeof option_table[0]; i++) {
     const option_desc_t *o = &option_table[i];
     const char *text = os_getenv(o->name);
     if (text == NULL) continue;
     long v;
-    if (!parse_value(text, o->has_unit, &v) || v < o->min || v > o->max) warn_option(o->name, text);
-    else *o->value = v;
+    if (o->value == NULL) {
+      if (!copy_text(text, o->text)) warn_option(o->name, text);
+    } else if (!parse_value(text, o->has_unit, &v) || v < o->min || v > o->max) {
+      warn_option(o->name, text);
+    } else {
+      *o->value = v;
+    }
   }
+  print_options();
 }

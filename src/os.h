@@ -32,6 +32,15 @@ uint64_t os_random(void);
 const char *os_getenv(const char *name);
 /* Write to stderr with no allocation. */
 void os_write_err(const char *s, size_t n);
+/* Create or truncate the file at path and write s to it, with no allocation; false on failure. */
+bool os_write_file(const char *path, const char *s, size_t n);
+/* Keep a copy of stderr (close-on-exec, at fd 100 or above) for os_write_err_late. */
+void os_keep_stderr(void);
+/* Write to stderr at exit: to the copy os_keep_stderr took when the program has closed fd 2 (coreutils
+ * close it in their exit handlers, which run before the library's) and the copy is still the same file. */
+void os_write_err_late(const char *s, size_t n);
+/* The calling process's id. */
+long os_process_id(void);
 _Noreturn void os_abort(void);
 
 #endif

@@ -3,11 +3,13 @@
 #include "os.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,7 +33,10 @@ void *os_map_aligned(size_t size, size_t align) {
     return NULL;
   }
   void *p = mmap(NULL, over, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) return NULL;
+  if (p == MAP_FAILED) {
+    options_verbose("the OS refused to map %zu bytes (errno %d)", over, errno);
+    return NULL;
+  }
   uintptr_t start = (uintptr_t)p;
   uintptr_t aligned = (start + align - 1) & ~(uintptr_t)(align - 1);
   if (aligned > start) munmap(p, aligned - start);
@@ -43,7 +48,11 @@ void *os_map_aligned(size_t size, size_t align) {
 
 void *os_reserve(size_t size) {
   void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  return p == MAP_FAILED ? NULL : p;
+  if (p == MAP_FAILED) {
+    options_verbose("the OS refused to reserve %zu bytes (errno %d)", size, errno);
+    return NULL;
+  }
+  return p;
 }
 
 void os_unmap(void *p, size_t size) {
@@ -99,14 +108,50 @@ const char *os_getenv(const char *name) {
   return getenv(name);
 }
 
-void os_write_err(const char *s, size_t n) {
+static bool write_all(int fd, const char *s, size_t n) {
   while (n > 0) {
-    ssize_t w = write(STDERR_FILENO, s, n);
+    ssize_t w = write(fd, s, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return;
+    if (w <= 0) return false;
     s += w;
     n -= (size_t)w;
   }
+  return true;
 }
+
+void os_write_err(const char *s, size_t n) { write_all(STDERR_FILENO, s, n); }
+
+bool os_write_file(const char *path, const char *s, size_t n) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  bool ok = write_all(fd, s, n);
+  return close(fd) == 0 && ok;
+}
+
+static int kept_err = -1;
+static dev_t kept_dev;
+static ino_t kept_ino;
+
+void os_keep_stderr(void) {
+  struct stat st;
+  int fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 100);
+  if (fd < 0) return;
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    return;
+  }
+  kept_dev = st.st_dev;
+  kept_ino = st.st_ino;
+  kept_err = fd;
+}
+
+void os_write_err_late(const char *s, size_t n) {
+  if (write_all(STDERR_FILENO, s, n) || errno != EBADF || kept_err < 0) return;
+  /* The program may have closed the copy too, and the number may name another file now. */
+  struct stat st;
+  if (fstat(kept_err, &st) == 0 && st.st_dev == kept_dev && st.st_ino == kept_ino) write_all(kept_err, s, n);
+}
+
+long os_process_id(void) { return (long)getpid(); }
 
 _Noreturn void os_abort(void) { abort(); }

@@ -83,7 +83,7 @@ static void unmap_chain(th_segment_t *seg) {
 static th_segment_t *cache_take(size_t size) {
   if (atomic_load_explicit(&cache_count, memory_order_relaxed) == 0) return NULL;
   th_segment_t *found = NULL;
-  pthread_mutex_lock(&cache_lock);
+  th_lock(&cache_lock);
   for (th_segment_t *s = cache_first; s; s = s->next) {
     if (s->size >= size && s->size <= size + size / 4) {
       found = s;
@@ -91,7 +91,7 @@ static th_segment_t *cache_take(size_t size) {
     }
   }
   if (found) cache_unlink(found);
-  pthread_mutex_unlock(&cache_lock);
+  th_unlock(&cache_lock);
   return found;
 }
 
@@ -103,6 +103,10 @@ th_segment_t *segment_map_new(size_t size, th_kind_t kind) {
   } else {
     stats_count(&th_stats_global.cache_misses);
     seg = os_map_aligned(size, TH_SEGMENT_SIZE);
+    if (seg == NULL && atomic_load_explicit(&cache_count, memory_order_relaxed) != 0) {
+      segment_cache_purge(true); /* address space short (RLIMIT_AS): cached segments go first */
+      seg = os_map_aligned(size, TH_SEGMENT_SIZE);
+    }
     if (seg == NULL) return NULL;
     fresh = true;
     if (th_options.huge_pages) os_advise_huge(seg, size);
@@ -136,7 +140,7 @@ void segment_release(th_segment_t *seg) {
     return;
   }
   th_segment_t *evict = NULL;
-  pthread_mutex_lock(&cache_lock);
+  th_lock(&cache_lock);
   seg->cached_since_ms = os_now_ms();
   seg->in_cache = 1;
   seg->prev = NULL;
@@ -155,7 +159,7 @@ void segment_release(th_segment_t *seg) {
     last->next = evict;
     evict = last;
   }
-  pthread_mutex_unlock(&cache_lock);
+  th_unlock(&cache_lock);
   unmap_chain(evict);
   uint64_t cur = atomic_load_explicit(&cache_next_purge_ms, memory_order_relaxed);
   if (cur == 0 || due < cur) atomic_store_explicit(&cache_next_purge_ms, due, memory_order_relaxed);
@@ -168,7 +172,7 @@ void segment_cache_purge(bool force) {
   if (!force && (due == 0 || now < due)) return;
   th_segment_t *expired = NULL;
   uint64_t next_due = 0;
-  pthread_mutex_lock(&cache_lock);
+  th_lock(&cache_lock);
   th_segment_t *s = cache_first;
   while (s) {
     th_segment_t *next = s->next;
@@ -183,7 +187,7 @@ void segment_cache_purge(bool force) {
     s = next;
   }
   atomic_store_explicit(&cache_next_purge_ms, next_due, memory_order_relaxed);
-  pthread_mutex_unlock(&cache_lock);
+  th_unlock(&cache_lock);
   unmap_chain(expired);
 }
 
@@ -309,7 +313,7 @@ void segment_page_free(th_heap_t *heap, th_page_t *page) {
 void segment_abandon(th_segment_t *seg) {
   atomic_store_explicit(&seg->thread_id, 0, memory_order_release);
   atomic_store_explicit(&seg->heap, NULL, memory_order_release);
-  pthread_mutex_lock(&abandoned_lock);
+  th_lock(&abandoned_lock);
   seg->prev = NULL;
   seg->next = abandoned[seg->kind];
   if (seg->next) seg->next->prev = seg;
@@ -317,14 +321,14 @@ void segment_abandon(th_segment_t *seg) {
   abandoned[seg->kind] = seg;
   atomic_fetch_add_explicit(&abandoned_count, 1, memory_order_relaxed);
   stats_count(&th_stats_global.segments_waiting);
-  pthread_mutex_unlock(&abandoned_lock);
+  th_unlock(&abandoned_lock);
 }
 
 /* Take over an abandoned segment of this kind: its live pages join the heap's queues, its empty pages are
  * freed. False when none is waiting. */
 bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
   if (atomic_load_explicit(&abandoned_count, memory_order_relaxed) == 0) return false;
-  pthread_mutex_lock(&abandoned_lock);
+  th_lock(&abandoned_lock);
   th_segment_t *seg = abandoned_last[kind];
   if (seg) {
     abandoned_last[kind] = seg->prev;
@@ -334,7 +338,7 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
     atomic_fetch_sub_explicit(&abandoned_count, 1, memory_order_relaxed);
     atomic_fetch_sub_explicit((_Atomic(size_t) *)&th_stats_global.segments_waiting, 1, memory_order_relaxed);
   }
-  pthread_mutex_unlock(&abandoned_lock);
+  th_unlock(&abandoned_lock);
   if (seg == NULL) return false;
   stats_count(&th_stats_global.segments_adopted);
   heap_segment_own(heap, seg);
@@ -361,8 +365,8 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
 /* ---- fork: the slow-path locks, taken before fork and released (or reset) after it */
 
 void segment_lock_all(void) {
-  pthread_mutex_lock(&abandoned_lock);
-  pthread_mutex_lock(&cache_lock);
+  th_lock(&abandoned_lock);
+  th_lock(&cache_lock);
 }
 
 void segment_unlock_all(bool child) {
@@ -370,7 +374,7 @@ void segment_unlock_all(bool child) {
     pthread_mutex_init(&cache_lock, NULL);
     pthread_mutex_init(&abandoned_lock, NULL);
   } else {
-    pthread_mutex_unlock(&cache_lock);
-    pthread_mutex_unlock(&abandoned_lock);
+    th_unlock(&cache_lock);
+    th_unlock(&abandoned_lock);
   }
 }

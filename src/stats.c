@@ -54,7 +54,8 @@ void th_stats_get(th_stats_t *out) {
     dst[i] = atomic_load_explicit(&src[i], memory_order_relaxed);
 }
 
-void th_stats_print(void) {
+/* th_stats_print's lines, "threadheap: <name> <value>", into buf; returns their length. */
+static size_t stats_format(char *buf, size_t size) {
   th_stats_t s;
   th_stats_get(&s);
   static const char *names[] = {
@@ -63,9 +64,45 @@ void th_stats_print(void) {
       "heaps_abandoned", "segments_adopted", "threads_live", "segments_waiting"};
   _Static_assert(sizeof names / sizeof names[0] == sizeof(th_stats_t) / sizeof(size_t), "a name per counter");
   const size_t *v = (const size_t *)&s;
-  char line[96];
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-    int n = snprintf(line, sizeof line, "threadheap: %-17s %zu\n", names[i], v[i]);
-    if (n > 0) os_write_err(line, (size_t)n);
+  size_t n = 0;
+  for (size_t i = 0; i < sizeof names / sizeof names[0] && n < size; i++) {
+    int w = snprintf(buf + n, size - n, "threadheap: %-17s %zu\n", names[i], v[i]);
+    if (w > 0) n += (size_t)w < size - n ? (size_t)w : size - n - 1;
+  }
+  return n;
+}
+
+#define STATS_TEXT_MAX (sizeof(th_stats_t) / sizeof(size_t) * 64)
+
+void th_stats_print(void) {
+  char buf[STATS_TEXT_MAX];
+  os_write_err(buf, stats_format(buf, sizeof buf));
+}
+
+/* Runs from the library's destructor, while other threads may still allocate: it reads the counters and
+ * writes, and neither allocates nor tears anything down. THREADHEAP_STATS_PID keeps the children of the
+ * named process (which inherit the environment) quiet. */
+static bool stats_printer(void) {
+  return th_options.show_stats && (th_options.stats_pid == 0 || th_options.stats_pid == os_process_id());
+}
+
+/* Programs may close stderr in their own exit handlers (coreutils do), which run before the library's
+ * destructor: keep a copy of it from the start. */
+void stats_init(void) {
+  if (stats_printer() && th_options.stats_file == NULL) os_keep_stderr();
+}
+
+void stats_print_at_exit(void) {
+  if (!stats_printer()) return;
+  char buf[STATS_TEXT_MAX];
+  size_t n = stats_format(buf, sizeof buf);
+  if (th_options.stats_file == NULL) {
+    os_write_err_late(buf, n);
+  } else if (!os_write_file(th_options.stats_file, buf, n)) {
+    const char *path = th_options.stats_file;
+    os_write_err_late("threadheap: cannot write the statistics to ", 43);
+    os_write_err_late(path, strlen(path));
+    os_write_err_late("; here they are\n", 16);
+    os_write_err_late(buf, n);
   }
 }

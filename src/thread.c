@@ -39,7 +39,7 @@ void process_init(void) {
 }
 
 th_heap_t *thread_struct_alloc(void) {
-  pthread_mutex_lock(&heaps_lock);
+  th_lock(&heaps_lock);
   th_heap_t *heap = heaps_pool;
   if (heap) {
     heaps_pool = heap->next_free;
@@ -48,16 +48,16 @@ th_heap_t *thread_struct_alloc(void) {
     heaps_chunk += align_up(sizeof(th_heap_t), 64);
     heaps_chunk_left -= align_up(sizeof(th_heap_t), 64);
   }
-  pthread_mutex_unlock(&heaps_lock);
+  th_unlock(&heaps_lock);
   if (heap) return heap;
   /* Map outside the lock; a racing thread may map too, and the spare chunk then serves later threads. */
   uint8_t *chunk = os_map_aligned(HEAPS_CHUNK_SIZE, os_page_size());
   if (chunk == NULL) return NULL;
   heap = (th_heap_t *)chunk;
-  pthread_mutex_lock(&heaps_lock);
+  th_lock(&heaps_lock);
   heaps_chunk = chunk + align_up(sizeof(th_heap_t), 64);
   heaps_chunk_left = HEAPS_CHUNK_SIZE - align_up(sizeof(th_heap_t), 64);
-  pthread_mutex_unlock(&heaps_lock);
+  th_unlock(&heaps_lock);
   return heap;
 }
 
@@ -123,29 +123,34 @@ static void thread_done(void *arg) {
 }
 
 void thread_struct_free(th_heap_t *heap) {
-  pthread_mutex_lock(&heaps_lock);
+  th_lock(&heaps_lock);
   heap->next_free = heaps_pool;
   heaps_pool = heap;
-  pthread_mutex_unlock(&heaps_lock);
+  th_unlock(&heaps_lock);
 }
 
 /* ---- fork: every slow-path lock is taken before fork and released in both processes after it. In the
  * child, other threads' heaps may be half-updated (their owners take no lock), so their segments keep their
  * dead owners' ids: the child never adopts them, and its frees into them are remote pushes. */
 
+_Atomic(uintptr_t) thread_fork_owner;
+
 static void fork_prepare(void) {
-  pthread_mutex_lock(&heaps_lock);
+  th_lock(&heaps_lock);
   explicit_lock_all();
   segment_lock_all();
+  atomic_store_explicit(&thread_fork_owner, thread_id(), memory_order_relaxed);
 }
 
 static void fork_parent(void) {
+  atomic_store_explicit(&thread_fork_owner, 0, memory_order_relaxed);
   segment_unlock_all(false);
   explicit_unlock_all(false);
-  pthread_mutex_unlock(&heaps_lock);
+  th_unlock(&heaps_lock);
 }
 
 static void fork_child(void) {
+  atomic_store_explicit(&thread_fork_owner, 0, memory_order_relaxed);
   segment_unlock_all(true);
   explicit_unlock_all(true);
   pthread_mutex_init(&heaps_lock, NULL);
@@ -156,8 +161,12 @@ static void fork_child(void) {
 __attribute__((constructor(101))) static void library_init(void) {
   process_init();
   options_init();
+  stats_init();
   pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
+
+/* Runs at exit, after the program's own destructors and atexit handlers; it only reads the counters. */
+__attribute__((destructor)) static void library_done(void) { stats_print_at_exit(); }
 
 void th_collect(void) {
   th_heap_t *heap = th_heap_tls;

@@ -4,6 +4,7 @@
 // destructor re-arms itself twice, so it also runs in the later destructor rounds. Blocks the thread
 // allocated (before and during teardown) and handed to main stay valid after it exited; main checks their
 // contents and frees them. At the end every thread heap has been given back (threads_live as at start).
+// The thread_local also owns std::strings, freed by operator delete as the thread exits.
 // The th_* functions are called by name so that the test means the same with and without the overrides.
 #include <pthread.h>
 #include <stdint.h>
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "check.h"
@@ -58,21 +60,29 @@ void churn_here(unsigned key) {
   }
 }
 
+// Besides its th_malloc block, the thread_local holds standard containers: their memory comes from operator
+// new (threadheap's in the plain build) and is freed by the member destructors, after ~Local's body.
 struct Local {
   unsigned char *block = nullptr;
   size_t size = 0;
   unsigned key = 0;
+  std::vector<std::string> names;
   void init(size_t n, unsigned k) {
     block = static_cast<unsigned char *>(th_malloc(n));
     size = n;
     key = k;
     if (block) fill(block, n, k);
+    for (unsigned i = 0; i < 40; i++) names.push_back(std::string(20 + (k + i) % 200, static_cast<char>('a' + i % 26)));
   }
   ~Local() {
     if (block != nullptr) {
       CHECK_MSG(intact(block, size, key), "thread_local block of %zu bytes at thread exit", size);
       th_free(block);
     }
+    bool names_ok = names.size() == 40;
+    for (unsigned i = 0; names_ok && i < 40; i++)
+      names_ok = names[i] == std::string(20 + (key + i) % 200, static_cast<char>('a' + i % 26));
+    CHECK_MSG(names_ok, "thread_local strings at thread exit (key %u)", key);
     churn_here(key + 1);
     hand_to_main(333, key + 2);
   }

@@ -10,10 +10,11 @@ USAGE = """usage: threadheap COMMAND [ARGS...]
 
 commands:
   bench    run the benchmark suite against glibc and the peer allocators (threadheap bench --help)
+  run      run a program with threadheap preloaded: threadheap run [--stats] -- PROGRAM ARGS...
 """
 
 # name -> module under threadheap that has main(argv) -> int
-COMMANDS = {"bench": "threadheap.bench"}
+COMMANDS = {"bench": "threadheap.bench", "run": "threadheap.run"}
 
 
 def main(argv=None):
