@@ -194,10 +194,13 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
     for (th_page_t *page = q->first, *next; page; page = next) {
       next = page->next;
       if (page->free == NULL) {
-        page_collect(page);
-        if (page->local_free) {
+        page_collect(page); /* may fill free itself */
+        if (page->free == NULL) {
           page->free = page->local_free;
           page->local_free = NULL;
+        }
+        if (page->free != NULL) {
+          /* blocks freed by the owner or by other threads */
         } else if (page->capacity < page->reserved && page_extend(heap, page)) {
           /* carved more blocks */
         } else if (page->capacity < page->reserved) {
@@ -208,7 +211,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
           page->in_full = 1;
           continue;
         } else {
-          page_collect(page);
+          page_collect(page); /* blocks arrived while it was being parked: local_free was empty */
           page->free = page->local_free;
           page->local_free = NULL;
         }

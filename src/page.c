@@ -7,8 +7,15 @@
 
 static inline void cpu_relax(void) { __builtin_ia32_pause(); }
 
-static inline th_block_t *tf_block(uintptr_t tf) { return (th_block_t *)(tf & ~TH_TF_MASK); }
+static inline th_block_t *tf_block(uintptr_t tf) { return (th_block_t *)(tf & TH_TF_PTR_MASK); }
 static inline uintptr_t tf_state(uintptr_t tf) { return tf & TH_TF_MASK; }
+static inline size_t tf_count(uintptr_t tf) { return (size_t)(tf >> TH_TF_COUNT_SHIFT); }
+/* The word for the stack of tf with block pushed on top, in state. */
+static inline uintptr_t tf_push(uintptr_t tf, th_block_t *block, uintptr_t state) {
+  return ((uintptr_t)(tf_count(tf) + 1) << TH_TF_COUNT_SHIFT) | (uintptr_t)block | state;
+}
+/* The same stack in another state. */
+static inline uintptr_t tf_with_state(uintptr_t tf, uintptr_t state) { return (tf & ~TH_TF_MASK) | state; }
 
 uint8_t *page_area(const th_segment_t *seg, size_t index, size_t *size_out) {
   uint8_t *start = (uint8_t *)seg + (index << seg->page_shift);
@@ -80,7 +87,9 @@ bool page_extend(th_heap_t *heap, th_page_t *page) {
   return true;
 }
 
-/* Fold the blocks other threads freed into local_free. Owner only. Returns how many. */
+/* Fold the blocks other threads freed into the page's lists. Owner only. Returns how many. The stack's
+ * length comes with it, so the blocks are not walked: it becomes local_free, or free, whichever is empty;
+ * only when both hold blocks is its tail looked for. */
 size_t page_collect(th_page_t *page) {
   uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
   if (tf_block(tf) == NULL) return 0;
@@ -90,14 +99,18 @@ size_t page_collect(th_page_t *page) {
   }
   th_block_t *head = tf_block(tf);
   if (head == NULL) return 0;
-  size_t n = 1;
-  th_block_t *tail = head;
-  while (tail->next) {
-    tail = tail->next;
-    n++;
+  size_t n = tf_count(tf);
+  if (page->local_free == NULL) {
+    page->local_free = head;
+  } else if (page->free == NULL) {
+    page->free = page->local_free;
+    page->local_free = head;
+  } else {
+    th_block_t *tail = head;
+    while (tail->next) tail = tail->next;
+    tail->next = page->local_free;
+    page->local_free = head;
   }
-  tail->next = page->local_free;
-  page->local_free = head;
   th_assert(page->used >= n);
   page->used -= (uint32_t)n;
   stats_add_remote(n);
@@ -124,7 +137,7 @@ void page_clear_delay(th_page_t *page) {
       continue;
     }
     if (tf_state(tf) == TH_TF_NORMAL) return;
-    if (atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, (uintptr_t)tf_block(tf),
+    if (atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, tf_with_state(tf, TH_TF_NORMAL),
                                               memory_order_acq_rel, memory_order_relaxed))
       return;
   }
@@ -142,7 +155,7 @@ void page_push_remote(th_page_t *page, th_block_t *block) {
       continue;
     }
     if (state == TH_TF_FULL) {
-      if (!atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, (uintptr_t)tf_block(tf) | TH_TF_FREEING,
+      if (!atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, tf_with_state(tf, TH_TF_FREEING),
                                                  memory_order_acq_rel, memory_order_relaxed))
         continue;
       /* While FREEING, the owner cannot abandon the heap (page_clear_delay waits), so heap stays valid. */
@@ -155,12 +168,12 @@ void page_push_remote(th_page_t *page, th_block_t *block) {
       tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
       do {
         block->next = tf_block(tf);
-      } while (!atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, (uintptr_t)block | TH_TF_NOTIFIED,
+      } while (!atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, tf_push(tf, block, TH_TF_NOTIFIED),
                                                       memory_order_release, memory_order_relaxed));
       return;
     }
     block->next = tf_block(tf);
-    if (atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, (uintptr_t)block | state,
+    if (atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, tf_push(tf, block, state),
                                               memory_order_release, memory_order_relaxed))
       return;
   }

@@ -59,6 +59,11 @@ typedef enum th_delay_e {
   TH_TF_NOTIFIED = 3, /* the page is on heap->ready; push blocks and say nothing */
 } th_delay_t;
 #define TH_TF_MASK ((uintptr_t)3)
+/* The thread_free word: [63..48] how many blocks the stack holds, [47..4] the top block, [1..0] the state.
+ * Keeping the count in the word lets the owner take the stack and its length with one exchange, without
+ * walking blocks that another core just wrote. A page holds at most 4,096 blocks, well under 2^16. */
+#define TH_TF_COUNT_SHIFT 48
+#define TH_TF_PTR_MASK ((((uintptr_t)1 << TH_TF_COUNT_SHIFT) - 1) & ~TH_TF_MASK)
 
 typedef struct th_heap_s th_heap_t;
 typedef struct th_segment_s th_segment_t;
@@ -85,7 +90,7 @@ typedef struct th_page_s {
   uint8_t is_purged;      /* page memory was returned to the OS since the page was last used */
   uint8_t purge_pending;  /* the free page is on its heap's purge queue */
   uint32_t committed;     /* bytes of this page counted as committed (carved bytes rounded to OS pages) */
-  _Atomic(uintptr_t) thread_free;  /* remote frees: a block stack, state in the low bits */
+  _Atomic(uintptr_t) thread_free;  /* remote frees: a block stack, its length and a state (see TH_TF_*) */
   struct th_page_s *next, *prev;   /* heap queue, full queue or purge queue */
   struct th_page_s *ready_next;    /* link on heap->ready (pushed by a remote thread) */
   uint64_t free_since_ms;          /* when the page slot went free, for purging */
