@@ -30,7 +30,11 @@ asan:
 	cmake --build build-asan -j $(JOBS)
 	ctest --test-dir build-asan --output-on-failure -L asan
 
-bench: all
+# On a fresh machine `make bench` does its own set-up: build tools (bench/prereq.sh), then the build, then
+# the venv and the peer allocators (bench/run.sh), then the default run.
+bench:
+	bash bench/prereq.sh
+	$(MAKE) all
 	bash bench/run.sh
 
 clean:

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# bench/prereq.sh: the first step of `make bench` on a fresh Debian machine: the build tools that `make`
+# needs (cmake, ninja, gcc, g++), installed when running as root and missing; otherwise named. The benchmark's
+# own needs (the venv, the peer allocators) are bench/run.sh's.
+set -euo pipefail
+missing=()
+for tool in cmake:cmake ninja:ninja-build gcc:gcc g++:g++; do
+  command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
+done
+((${#missing[@]})) || exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "bench/prereq.sh: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q "${missing[@]}" >&2 || { apt-get update -q >&2 && apt-get install -y -q "${missing[@]}" >&2; }
+else
+  echo "bench/prereq.sh: missing ${missing[*]}: install them (apt-get install ${missing[*]})" >&2
+  exit 1
+fi
