@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/prereq.sh: the first step of `make bench` on a fresh Debian machine: the build tools that `make`
-# needs (cmake, ninja, gcc, g++) and python3 for the driver, installed when running as root and missing; otherwise named. The benchmark's
-# own needs (the venv, the peer allocators) are bench/run.sh's.
+# needs (cmake, ninja, gcc, g++) and python3 for the driver, installed when running as root and missing;
+# otherwise named. The benchmark's own needs (the venv, the peer allocators) are bench/run.sh's.
 set -euo pipefail
 missing=()
 for tool in cmake:cmake ninja:ninja-build gcc:gcc g++:g++ python3:python3; do
