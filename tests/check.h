@@ -7,9 +7,13 @@
 #ifndef TH_TESTS_CHECK_H
 #define TH_TESTS_CHECK_H
 
-#include <stdint.h>
+#include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 /* After this many failure lines the rest are only counted: a broken loop over a million sizes should not
  * bury the summary. */
@@ -71,6 +75,46 @@ static inline uint64_t check_mix(uint64_t x) {
   x *= 0xc4ceb9fe1a85ec53u;
   x ^= x >> 33;
   return x;
+}
+
+/* ---- block contents: bytes that depend on both the position and a key, so that a block holding another
+ * block's bytes, or its own bytes shifted, does not pass for intact. */
+static inline unsigned char check_pattern_byte(size_t i, unsigned key) {
+  return (unsigned char)((i * 131u + (i >> 8) * 7u + key * 29u + 1u) & 0xff);
+}
+static inline void check_fill(void *p, size_t n, unsigned key) {
+  unsigned char *b = (unsigned char *)p;
+  for (size_t i = 0; i < n; i++) b[i] = check_pattern_byte(i, key);
+}
+/* Index of the first wrong byte, or n when all are right. */
+static inline size_t check_verify(const void *p, size_t n, unsigned key) {
+  const unsigned char *b = (const unsigned char *)p;
+  for (size_t i = 0; i < n; i++)
+    if (b[i] != check_pattern_byte(i, key)) return i;
+  return n;
+}
+static inline int check_all_zero(const void *p, size_t n) {
+  const unsigned char *b = (const unsigned char *)p;
+  for (size_t i = 0; i < n; i++)
+    if (b[i] != 0) return 0;
+  return 1;
+}
+static inline int check_aligned(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
+
+/* Read fd to its end into buf (cap bytes, NUL-terminated); *len is the length kept. */
+static inline void check_read_all(int fd, char *buf, size_t cap, size_t *len) {
+  *len = 0;
+  for (;;) {
+    char tmp[1024];
+    ssize_t r = read(fd, tmp, sizeof tmp);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    size_t k = (size_t)r;
+    if (*len + k > cap - 1) k = cap - 1 - *len;
+    memcpy(buf + *len, tmp, k);
+    *len += k;
+  }
+  buf[*len] = '\0';
 }
 
 #endif /* TH_TESTS_CHECK_H */

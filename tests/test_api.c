@@ -15,31 +15,6 @@
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
 
-static int aligned_to(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
-
-/* Bytes that depend on both the position and a key, so that a block holding another block's bytes, or
- * its own bytes shifted, does not pass for intact. */
-static unsigned char pattern_byte(size_t i, unsigned key) {
-  return (unsigned char)((i * 131u + (i >> 8) * 7u + key * 29u + 1u) & 0xff);
-}
-static void fill(void *p, size_t n, unsigned key) {
-  unsigned char *b = p;
-  for (size_t i = 0; i < n; i++) b[i] = pattern_byte(i, key);
-}
-/* Index of the first wrong byte, or n when all are right. */
-static size_t verify(const void *p, size_t n, unsigned key) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++)
-    if (b[i] != pattern_byte(i, key)) return i;
-  return n;
-}
-static int all_zero(const void *p, size_t n) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++)
-    if (b[i] != 0) return 0;
-  return 1;
-}
-
 static long minor_faults(void) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
@@ -59,12 +34,12 @@ static void test_minimum_and_alignment(void) {
     size_t n = g_sizes[i];
     unsigned char *p = th_malloc(n);
     if (!CHECK_MSG(p != NULL, "malloc(%zu)", n)) continue;
-    CHECK_MSG(aligned_to(p, 16), "malloc(%zu) = %p", n, (void *)p);
+    CHECK_MSG(check_aligned(p, 16), "malloc(%zu) = %p", n, (void *)p);
     size_t u = th_usable_size(p);
     CHECK_MSG(u >= 16 && u >= n, "usable_size(malloc(%zu)) = %zu", n, u);
     /* The whole usable size belongs to the caller. */
-    fill(p, u, (unsigned)i);
-    CHECK_MSG(verify(p, u, (unsigned)i) == u, "size %zu", n);
+    check_fill(p, u, (unsigned)i);
+    CHECK_MSG(check_verify(p, u, (unsigned)i) == u, "size %zu", n);
     th_free(p);
   }
 }
@@ -74,7 +49,7 @@ static void test_malloc_zero(void) {
   CHECK(a != NULL);
   CHECK(b != NULL);
   CHECK(a != b);
-  CHECK(aligned_to(a, 16) && aligned_to(b, 16));
+  CHECK(check_aligned(a, 16) && check_aligned(b, 16));
   CHECK(th_usable_size(a) >= 16);
   if (a) memset(a, 0x5a, th_usable_size(a));
   th_free(a);
@@ -117,7 +92,7 @@ static void test_overflow(void) {
    * every entry point must notice rather than return a tiny block. */
   void *live = th_malloc(100);
   CHECK(live != NULL);
-  if (live) fill(live, 100, 77);
+  if (live) check_fill(live, 100, 77);
   for (size_t k = 0; k <= 4200; k += (k < 64 ? 1 : 4096 - 63)) {
     size_t n = SIZE_MAX - k;
     snprintf(what, sizeof what, "malloc(SIZE_MAX-%zu)", k);
@@ -149,7 +124,7 @@ static void test_overflow(void) {
   }
   /* The failed reallocs left the block where it was, with its contents. */
   if (live) {
-    CHECK(verify(live, 100, 77) == 100);
+    CHECK(check_verify(live, 100, 77) == 100);
     th_free(live);
   }
   /* The allocator still works after all those failures. */
@@ -171,7 +146,7 @@ static void test_posix_memalign_einval(void) {
   /* 8 is a power-of-two multiple of sizeof(void*): valid, and the block still has the 16-byte minimum. */
   void *out = NULL;
   int rc = th_posix_memalign(&out, sizeof(void *), 10);
-  CHECK(rc == 0 && out != NULL && aligned_to(out, 16));
+  CHECK(rc == 0 && out != NULL && check_aligned(out, 16));
   if (rc == 0) th_free(out);
 }
 
@@ -187,7 +162,7 @@ static void test_memalign_rounding(void) {
       for (size_t n = 1; n <= 1001; n += 500) {
         void *p = fn ? th_aligned_alloc(cases[i].align, n) : th_memalign(cases[i].align, n);
         if (!CHECK_MSG(p != NULL, "%s(%zu, %zu)", name, cases[i].align, n)) continue;
-        CHECK_MSG(aligned_to(p, cases[i].expect), "%s(%zu, %zu) = %p, want alignment %zu", name,
+        CHECK_MSG(check_aligned(p, cases[i].expect), "%s(%zu, %zu) = %p, want alignment %zu", name,
                   cases[i].align, n, p, cases[i].expect);
         CHECK_MSG(th_usable_size(p) >= n, "%s(%zu, %zu)", name, cases[i].align, n);
         memset(p, 0xa5, n);
@@ -256,13 +231,13 @@ static void test_alignments(void) {
         }
         if (fn == 2) p = th_memalign(a, n);
         if (!CHECK_MSG(p != NULL, "%s(%zu, %zu)", names[fn], a, n)) continue;
-        CHECK_MSG(aligned_to(p, a), "%s(%zu, %zu) = %p", names[fn], a, n, p);
+        CHECK_MSG(check_aligned(p, a), "%s(%zu, %zu) = %p", names[fn], a, n, p);
         size_t u = th_usable_size(p);
         CHECK_MSG(u >= n && u >= 16, "%s(%zu, %zu): usable %zu", names[fn], a, n, u);
         /* Writing the whole usable size must not disturb anything: with an aligned block carved out of
          * a larger one, a wrong usable size would overwrite the neighbour or the allocator's data. */
-        fill(p, u, (unsigned)(a + n));
-        CHECK_MSG(verify(p, u, (unsigned)(a + n)) == u, "%s(%zu, %zu)", names[fn], a, n);
+        check_fill(p, u, (unsigned)(a + n));
+        CHECK_MSG(check_verify(p, u, (unsigned)(a + n)) == u, "%s(%zu, %zu)", names[fn], a, n);
         th_free(p);
       }
     }
@@ -274,11 +249,11 @@ static void test_alignments(void) {
     size_t a = (size_t)16 << (i % 10);
     ps[i] = (i % 3 == 0) ? th_malloc((size_t)i * 40 + 1) : th_aligned_alloc(a, (size_t)i * 24 + 8);
     CHECK(ps[i] != NULL);
-    if (ps[i]) fill(ps[i], th_usable_size(ps[i]), (unsigned)i);
+    if (ps[i]) check_fill(ps[i], th_usable_size(ps[i]), (unsigned)i);
   }
   for (int i = 0; i < N; i++) {
     int j = (i * 37) % N;
-    if (ps[j]) CHECK_MSG(verify(ps[j], th_usable_size(ps[j]), (unsigned)j) == th_usable_size(ps[j]), "%d", j);
+    if (ps[j]) CHECK_MSG(check_verify(ps[j], th_usable_size(ps[j]), (unsigned)j) == th_usable_size(ps[j]), "%d", j);
     th_free(ps[j]);
   }
 }
@@ -290,7 +265,7 @@ static void test_calloc(void) {
     unsigned char *p = th_calloc(1, n);
     if (!CHECK_MSG(p != NULL, "calloc(1, %zu)", n)) continue;
     size_t u = th_usable_size(p);
-    CHECK_MSG(all_zero(p, n), "calloc(1, %zu) fresh", n);
+    CHECK_MSG(check_all_zero(p, n), "calloc(1, %zu) fresh", n);
     /* Dirty it (all of the usable size) and free it: the same size is most likely served from the same
      * memory, which calloc must clear again. A few rounds make reuse near certain. */
     for (int round = 0; round < 4; round++) {
@@ -299,12 +274,12 @@ static void test_calloc(void) {
       p = th_calloc(n, 1);
       if (!CHECK_MSG(p != NULL, "calloc(%zu, 1)", n)) break;
       u = th_usable_size(p);
-      CHECK_MSG(all_zero(p, n), "calloc(%zu, 1) after dirty free, round %d", n, round);
+      CHECK_MSG(check_all_zero(p, n), "calloc(%zu, 1) after dirty free, round %d", n, round);
     }
     /* The count*size product as two factors. */
     th_free(p);
     p = th_calloc(n < 8 ? 1 : n / 8, 8);
-    if (p) CHECK_MSG(all_zero(p, n < 8 ? 8 : n / 8 * 8), "calloc(%zu, 8)", n / 8);
+    if (p) CHECK_MSG(check_all_zero(p, n < 8 ? 8 : n / 8 * 8), "calloc(%zu, 8)", n / 8);
     th_free(p);
   }
   /* Many blocks of one small size, dirtied and freed, then calloc'ed back. */
@@ -318,7 +293,7 @@ static void test_calloc(void) {
   int zero = 1;
   for (int i = 0; i < N; i++) {
     ps[i] = th_calloc(4, 16);
-    if (ps[i] == NULL || !all_zero(ps[i], 64)) zero = 0;
+    if (ps[i] == NULL || !check_all_zero(ps[i], 64)) zero = 0;
   }
   CHECK(zero);
   for (int i = 0; i < N; i++) th_free(ps[i]);
@@ -335,17 +310,17 @@ static void test_realloc_contents(void) {
   unsigned char *p = th_realloc(NULL, steps[0]);
   CHECK(p != NULL);
   if (!p) return;
-  fill(p, steps[0], 5);
+  check_fill(p, steps[0], 5);
   size_t have = steps[0];
   /* Grow through every range: what was written survives; then fill the new part too. */
   for (size_t i = 1; i < nsteps; i++) {
     unsigned char *q = th_realloc(p, steps[i]);
     if (!CHECK_MSG(q != NULL, "grow to %zu", steps[i])) break;
     p = q;
-    size_t bad = verify(p, have, 5);
+    size_t bad = check_verify(p, have, 5);
     CHECK_MSG(bad == have, "grow %zu -> %zu: byte %zu differs", have, steps[i], bad);
-    CHECK(aligned_to(p, 16) && th_usable_size(p) >= steps[i]);
-    fill(p, steps[i], 5);
+    CHECK(check_aligned(p, 16) && th_usable_size(p) >= steps[i]);
+    check_fill(p, steps[i], 5);
     have = steps[i];
   }
   /* Shrink back through every range: the prefix survives. */
@@ -353,7 +328,7 @@ static void test_realloc_contents(void) {
     unsigned char *q = th_realloc(p, steps[i]);
     if (!CHECK_MSG(q != NULL, "shrink to %zu", steps[i])) break;
     p = q;
-    size_t bad = verify(p, steps[i], 5);
+    size_t bad = check_verify(p, steps[i], 5);
     CHECK_MSG(bad == steps[i], "shrink %zu -> %zu: byte %zu differs", have, steps[i], bad);
     CHECK(th_usable_size(p) >= steps[i]);
     have = steps[i];
@@ -365,26 +340,26 @@ static void test_realloc_contents(void) {
     unsigned char *q = th_realloc(p, jumps[i]);
     if (!CHECK_MSG(q != NULL, "jump to %zu", jumps[i])) break;
     p = q;
-    CHECK_MSG(verify(p, keep, 5) == keep, "jump %zu -> %zu", have, jumps[i]);
-    fill(p, jumps[i], 5);
+    CHECK_MSG(check_verify(p, keep, 5) == keep, "jump %zu -> %zu", have, jumps[i]);
+    check_fill(p, jumps[i], 5);
     have = jumps[i];
   }
   /* A failed realloc returns NULL, sets ENOMEM, and leaves the block alone. */
   errno = 0;
   void *f = th_realloc(p, SIZE_MAX);
   CHECK(f == NULL && errno == ENOMEM);
-  CHECK(verify(p, have, 5) == have);
+  CHECK(check_verify(p, have, 5) == have);
   CHECK(th_usable_size(p) >= have);
   errno = 0;
   f = th_reallocarray(p, SIZE_MAX / 2 + 1, 2);
   CHECK(f == NULL && errno == ENOMEM);
-  CHECK(verify(p, have, 5) == have);
+  CHECK(check_verify(p, have, 5) == have);
   /* reallocarray without overflow is realloc. */
   unsigned char *q = th_reallocarray(p, 100, 3);
   CHECK(q != NULL);
   if (q) {
     p = q;
-    CHECK(verify(p, have < 300 ? have : 300, 5) == (have < 300 ? have : 300));
+    CHECK(check_verify(p, have < 300 ? have : 300, 5) == (have < 300 ? have : 300));
     CHECK(th_usable_size(p) >= 300);
   }
   /* realloc(p, 0) frees p and returns NULL (glibc); test_misuse checks that p is really freed. */
@@ -392,7 +367,7 @@ static void test_realloc_contents(void) {
   CHECK(th_realloc(p, 0) == NULL);
   /* realloc(NULL, n) is malloc(n), also for n == 0. */
   void *m = th_realloc(NULL, 0);
-  CHECK(m != NULL && aligned_to(m, 16));
+  CHECK(m != NULL && check_aligned(m, 16));
   void *m2 = th_realloc(NULL, 0);
   CHECK(m2 != NULL && m2 != m);
   th_free(m);
@@ -403,13 +378,13 @@ static void test_realloc_contents(void) {
   /* Same-size and tiny reallocs keep the data too. */
   unsigned char *s = th_malloc(64);
   if (CHECK(s != NULL)) {
-    fill(s, 64, 9);
+    check_fill(s, 64, 9);
     for (int i = 0; i < 100 && s; i++) {
       size_t n = 64 + (size_t)(i % 5) - 2;
       unsigned char *t = th_realloc(s, n);
       if (!CHECK(t != NULL)) break;
       s = t;
-      CHECK(verify(s, 62, 9) == 62);
+      CHECK(check_verify(s, 62, 9) == 62);
     }
     th_free(s);
   }

@@ -29,29 +29,6 @@
 #define TH_TEST_FAULTS 1
 #endif
 
-static int aligned_to(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
-
-static unsigned char pattern_byte(size_t i, unsigned key) {
-  return (unsigned char)((i * 131u + (i >> 8) * 7u + key * 29u + 1u) & 0xff);
-}
-static void fill(void *p, size_t n, unsigned key) {
-  unsigned char *b = p;
-  for (size_t i = 0; i < n; i++) b[i] = pattern_byte(i, key);
-}
-/* Index of the first wrong byte, or n when all are right. */
-static size_t verify(const void *p, size_t n, unsigned key) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++)
-    if (b[i] != pattern_byte(i, key)) return i;
-  return n;
-}
-static int all_zero(const void *p, size_t n) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++)
-    if (b[i] != 0) return 0;
-  return 1;
-}
-
 static size_t committed(void) {
   th_stats_t s;
   th_stats_get(&s);
@@ -106,10 +83,10 @@ static void test_bad_arguments(void) {
   CHECK(th_heap_realloc(NULL, NULL, 16) == NULL && errno == EINVAL);
   void *p = th_malloc(100);
   if (CHECK(p != NULL)) {
-    fill(p, 100, 7);
+    check_fill(p, 100, 7);
     errno = 0;
     CHECK(th_heap_realloc(NULL, p, 200) == NULL && errno == EINVAL);
-    CHECK(verify(p, 100, 7) == 100);
+    CHECK(check_verify(p, 100, 7) == 100);
     th_free(p);
   }
   th_heap_destroy(NULL); /* does nothing */
@@ -126,10 +103,10 @@ static void test_bad_arguments(void) {
   CHECK(th_heap_calloc(h, SIZE_MAX / 2, 3) == NULL && errno == ENOMEM);
   /* glibc 2.36's aligned_alloc is memalign: an alignment that is not a power of two is rounded up. */
   void *a = th_heap_aligned_alloc(h, 24, 48);
-  CHECK_MSG(a != NULL && aligned_to(a, 32), "th_heap_aligned_alloc(24, 48) = %p", a);
+  CHECK_MSG(a != NULL && check_aligned(a, 32), "th_heap_aligned_alloc(24, 48) = %p", a);
   th_free(a);
   a = th_heap_aligned_alloc(h, 0, 48);
-  CHECK(a != NULL && aligned_to(a, 16));
+  CHECK(a != NULL && check_aligned(a, 16));
   th_free(a);
   errno = 0;
   CHECK(th_heap_aligned_alloc(h, SIZE_MAX / 2 + 2, 48) == NULL && errno == EINVAL);
@@ -150,10 +127,10 @@ static void test_functions(unsigned flags) {
     size_t n = g_sizes[i];
     blocks[i] = th_heap_malloc(h, n);
     if (!CHECK_MSG(blocks[i] != NULL, "flags %u: th_heap_malloc(%zu)", flags, n)) continue;
-    CHECK_MSG(aligned_to(blocks[i], 16), "th_heap_malloc(%zu) = %p", n, blocks[i]);
+    CHECK_MSG(check_aligned(blocks[i], 16), "th_heap_malloc(%zu) = %p", n, blocks[i]);
     size_t u = th_usable_size(blocks[i]);
     CHECK_MSG(u >= n && u >= 16, "usable size %zu of th_heap_malloc(%zu)", u, n);
-    fill(blocks[i], n, (unsigned)i);
+    check_fill(blocks[i], n, (unsigned)i);
   }
   for (size_t i = 0; i < NSIZES; i++)
     for (size_t j = i + 1; j < NSIZES; j++) CHECK_MSG(blocks[i] != blocks[j], "sizes %zu and %zu", g_sizes[i], g_sizes[j]);
@@ -161,11 +138,11 @@ static void test_functions(unsigned flags) {
   for (size_t i = 0; i < NSIZES; i++) {
     if (!blocks[i]) continue;
     size_t n = g_sizes[i], grow = n * 2 + 100, shrink = n / 3;
-    CHECK_MSG(verify(blocks[i], n, (unsigned)i) == n, "block of %zu before realloc", n);
+    CHECK_MSG(check_verify(blocks[i], n, (unsigned)i) == n, "block of %zu before realloc", n);
     void *q = (i & 1) ? th_realloc(blocks[i], grow) : th_heap_realloc(h, blocks[i], grow);
     if (!CHECK_MSG(q != NULL, "realloc %zu -> %zu", n, grow)) continue;
-    CHECK_MSG(verify(q, n, (unsigned)i) == n, "prefix after realloc %zu -> %zu", n, grow);
-    fill(q, grow, (unsigned)i + 100);
+    CHECK_MSG(check_verify(q, n, (unsigned)i) == n, "prefix after realloc %zu -> %zu", n, grow);
+    check_fill(q, grow, (unsigned)i + 100);
     void *r = (i & 1) ? th_heap_realloc(h, q, shrink) : th_realloc(q, shrink);
     if (shrink == 0) {
       /* realloc(p, 0) frees p and returns NULL, as glibc's does. */
@@ -174,7 +151,7 @@ static void test_functions(unsigned flags) {
       continue;
     }
     if (!CHECK_MSG(r != NULL, "realloc %zu -> %zu", grow, shrink)) continue;
-    CHECK_MSG(verify(r, shrink, (unsigned)i + 100) == shrink, "prefix after realloc %zu -> %zu", grow, shrink);
+    CHECK_MSG(check_verify(r, shrink, (unsigned)i + 100) == shrink, "prefix after realloc %zu -> %zu", grow, shrink);
     blocks[i] = r;
   }
   for (size_t i = 0; i < NSIZES; i++) th_free(blocks[i]);
@@ -191,7 +168,7 @@ static void test_functions(unsigned flags) {
     for (int round = 0; round < 2; round++) {
       unsigned char *c = th_heap_calloc(h, n / 8, 8);
       if (!CHECK_MSG(c != NULL, "th_heap_calloc(%zu, 8)", n / 8)) break;
-      CHECK_MSG(all_zero(c, n), "th_heap_calloc(%zu, 8) round %d", n / 8, round);
+      CHECK_MSG(check_all_zero(c, n), "th_heap_calloc(%zu, 8) round %d", n / 8, round);
       memset(c, 0xa5, th_usable_size(c));
       th_free(c);
     }
@@ -207,13 +184,13 @@ static void test_functions(unsigned flags) {
       size_t n = asizes[k];
       void *b = th_heap_aligned_alloc(h, a, n);
       if (!CHECK_MSG(b != NULL, "th_heap_aligned_alloc(%zu, %zu)", a, n)) continue;
-      CHECK_MSG(aligned_to(b, a), "th_heap_aligned_alloc(%zu, %zu) = %p", a, n, b);
+      CHECK_MSG(check_aligned(b, a), "th_heap_aligned_alloc(%zu, %zu) = %p", a, n, b);
       CHECK_MSG(th_usable_size(b) >= n, "usable size of th_heap_aligned_alloc(%zu, %zu)", a, n);
-      fill(b, n, 3);
+      check_fill(b, n, 3);
       /* An aligned block grows in its heap like any other. */
       void *g = th_realloc(b, n + 5000);
       if (CHECK(g != NULL)) {
-        CHECK(verify(g, n, 3) == n);
+        CHECK(check_verify(g, n, 3) == n);
         th_free(g);
       }
     }
@@ -238,7 +215,7 @@ static void test_cap_small_blocks(void) {
   int n = 0;
   errno = 0;
   while (n < MAXB && (b[n] = th_heap_malloc(h, 4 * KiB)) != NULL) {
-    fill(b[n], 4 * KiB, (unsigned)n);
+    check_fill(b[n], 4 * KiB, (unsigned)n);
     n++;
   }
   int err = errno;
@@ -256,28 +233,28 @@ static void test_cap_small_blocks(void) {
     errno = 0;
     void *r = th_realloc(b[0], 512 * KiB);
     CHECK_MSG(r == NULL && errno == ENOMEM, "realloc past the cap: %p errno %d", r, errno);
-    CHECK(verify(b[0], 4 * KiB, 0) == 4 * KiB);
+    CHECK(check_verify(b[0], 4 * KiB, 0) == 4 * KiB);
   }
   /* Still usable: free one block, and a block of the same size fits again. */
   if (n > 0) {
     th_free(b[n - 1]);
     b[n - 1] = th_heap_malloc(h, 4 * KiB);
     CHECK_MSG(b[n - 1] != NULL, "no 4 KiB block after one was freed at the cap (errno %d)", errno);
-    if (b[n - 1]) fill(b[n - 1], 4 * KiB, (unsigned)(n - 1));
+    if (b[n - 1]) check_fill(b[n - 1], 4 * KiB, (unsigned)(n - 1));
   }
   for (int i = 0; i < n; i++) {
     if (!b[i]) continue;
-    CHECK_MSG(verify(b[i], 4 * KiB, (unsigned)i) == 4 * KiB, "block %d at the cap", i);
+    CHECK_MSG(check_verify(b[i], 4 * KiB, (unsigned)i) == 4 * KiB, "block %d at the cap", i);
     th_free(b[i]);
   }
   /* Everything freed: the whole cap is available again, for blocks of another size range. */
   void *big = th_heap_malloc(h, 640 * KiB);
   CHECK_MSG(big != NULL, "640 KiB in an empty 1 MiB heap (errno %d)", errno);
-  if (big) fill(big, 640 * KiB, 9);
+  if (big) check_fill(big, 640 * KiB, 9);
   void *big2 = th_heap_malloc(h, 640 * KiB);
   CHECK_MSG(big2 == NULL, "two blocks of 640 KiB in a 1 MiB heap");
   th_free(big2);
-  if (big) CHECK(verify(big, 640 * KiB, 9) == 640 * KiB);
+  if (big) CHECK(check_verify(big, 640 * KiB, 9) == 640 * KiB);
   th_free(big);
   th_heap_destroy(h);
 }
@@ -295,7 +272,7 @@ static void test_cap_huge_blocks(void) {
   th_free(a);
   c = th_heap_malloc(h, 3 * MiB);
   CHECK_MSG(c != NULL, "3 MiB after a 3 MiB block was freed (errno %d)", errno);
-  if (c) fill(c, 3 * MiB, 1);
+  if (c) check_fill(c, 3 * MiB, 1);
   /* Growing a huge block in place counts too. */
   errno = 0;
   void *g = th_realloc(b, 6 * MiB);
@@ -303,7 +280,7 @@ static void test_cap_huge_blocks(void) {
   th_free(b);
   g = th_realloc(c, 5 * MiB);
   if (CHECK_MSG(g != NULL, "realloc 3 -> 5 MiB within an 8 MiB cap (errno %d)", errno)) {
-    CHECK(verify(g, 3 * MiB, 1) == 3 * MiB);
+    CHECK(check_verify(g, 3 * MiB, 1) == 3 * MiB);
     th_free(g);
   } else {
     th_free(c);
@@ -319,10 +296,10 @@ static void test_realloc_keeps_heap(void) {
   if (!CHECK(h != NULL)) return;
   void *p = th_heap_malloc(h, 16);
   if (CHECK(p != NULL)) {
-    fill(p, 16, 4);
+    check_fill(p, 16, 4);
     void *q = th_realloc(p, 640 * KiB);
     if (CHECK(q != NULL)) {
-      CHECK(verify(q, 16, 4) == 16);
+      CHECK(check_verify(q, 16, 4) == 16);
       errno = 0;
       void *r = th_heap_malloc(h, 640 * KiB);
       CHECK_MSG(r == NULL && errno == ENOMEM, "the block th_realloc grew is not counted in its heap");
@@ -355,19 +332,19 @@ static void test_heap_realloc_across(void) {
   /* From h1 into capped h2: copied, counted in h2, independent of h1. */
   void *p = th_heap_malloc(h1, 1000);
   if (CHECK(p != NULL)) {
-    fill(p, 1000, 5);
+    check_fill(p, 1000, 5);
     void *q = th_heap_realloc(h2, p, 640 * KiB);
     if (CHECK(q != NULL)) {
-      CHECK(verify(q, 1000, 5) == 1000);
+      CHECK(check_verify(q, 1000, 5) == 1000);
       errno = 0;
       void *r = th_heap_malloc(h2, 640 * KiB);
       CHECK_MSG(r == NULL && errno == ENOMEM, "th_heap_realloc's block is not counted in the target heap");
       th_free(r);
       th_heap_destroy(h1); /* the block does not depend on h1 any more */
       h1 = NULL;
-      CHECK(verify(q, 1000, 5) == 1000);
-      fill(q, 640 * KiB, 6);
-      CHECK(verify(q, 640 * KiB, 6) == 640 * KiB);
+      CHECK(check_verify(q, 1000, 5) == 1000);
+      check_fill(q, 640 * KiB, 6);
+      CHECK(check_verify(q, 640 * KiB, 6) == 640 * KiB);
       th_free(q);
       r = th_heap_malloc(h2, 640 * KiB);
       CHECK_MSG(r != NULL, "640 KiB in h2 after the moved block was freed");
@@ -379,14 +356,14 @@ static void test_heap_realloc_across(void) {
   /* From the thread's default heap into h2, and a failure at the cap keeps the original. */
   p = th_malloc(3000);
   if (CHECK(p != NULL)) {
-    fill(p, 3000, 8);
+    check_fill(p, 3000, 8);
     errno = 0;
     void *f = th_heap_realloc(h2, p, 2 * MiB);
     CHECK_MSG(f == NULL && errno == ENOMEM, "th_heap_realloc past the target's cap: %p errno %d", f, errno);
-    CHECK(verify(p, 3000, 8) == 3000);
+    CHECK(check_verify(p, 3000, 8) == 3000);
     void *q = th_heap_realloc(h2, p, 5000);
     if (CHECK(q != NULL)) {
-      CHECK(verify(q, 3000, 8) == 3000);
+      CHECK(check_verify(q, 3000, 8) == 3000);
       /* It is in h2 now: destroying h2 gives its memory back (a huge block makes that visible). */
       void *g = th_heap_realloc(h2, q, 700 * KiB);
       CHECK(g != NULL);

@@ -149,21 +149,6 @@ struct result {
   size_t err_len;
 };
 
-static void read_all(int fd, char *buf, size_t cap, size_t *len) {
-  *len = 0;
-  for (;;) {
-    char tmp[1024];
-    ssize_t r = read(fd, tmp, sizeof tmp);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    size_t k = (size_t)r;
-    if (*len + k > cap - 1) k = cap - 1 - *len;
-    memcpy(buf + *len, tmp, k);
-    *len += k;
-  }
-  buf[*len] = '\0';
-}
-
 static void run_child(void (*fn)(int, int), int a, int b, struct result *res) {
   int err_pipe[2];
   if (pipe(err_pipe) != 0) {
@@ -187,7 +172,7 @@ static void run_child(void (*fn)(int, int), int a, int b, struct result *res) {
     _exit(0); /* the misuse was not caught */
   }
   close(err_pipe[1]);
-  read_all(err_pipe[0], res->err, sizeof res->err, &res->err_len);
+  check_read_all(err_pipe[0], res->err, sizeof res->err, &res->err_len);
   close(err_pipe[0]);
   while (waitpid(pid, &res->status, 0) < 0 && errno == EINTR) {
   }

@@ -236,21 +236,6 @@ struct result {
   char expected[512];
 };
 
-static void read_all(int fd, char *buf, size_t cap, size_t *len) {
-  *len = 0;
-  for (;;) {
-    char tmp[1024];
-    ssize_t r = read(fd, tmp, sizeof tmp);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    size_t k = (size_t)r;
-    if (*len + k > cap - 1) k = cap - 1 - *len;
-    memcpy(buf + *len, tmp, k);
-    *len += k;
-  }
-  buf[*len] = '\0';
-}
-
 static void run_child(void (*fn)(int, int), int a, int b, struct result *res) {
   int err_pipe[2], info_pipe[2];
   if (pipe(err_pipe) != 0 || pipe(info_pipe) != 0) {
@@ -279,8 +264,8 @@ static void run_child(void (*fn)(int, int), int a, int b, struct result *res) {
   close(err_pipe[1]);
   close(info_pipe[1]);
   size_t info_len;
-  read_all(info_pipe[0], res->expected, sizeof res->expected, &info_len);
-  read_all(err_pipe[0], res->err, sizeof res->err, &res->err_len);
+  check_read_all(info_pipe[0], res->expected, sizeof res->expected, &info_len);
+  check_read_all(err_pipe[0], res->err, sizeof res->err, &res->err_len);
   close(info_pipe[0]);
   close(err_pipe[0]);
   while (waitpid(pid, &res->status, 0) < 0 && errno == EINTR) {
