@@ -67,7 +67,7 @@ TH_API void *th_realloc(void *p, size_t size) {
   }
   /* In place while the block is big enough and not more than twice too big. */
   if (size <= usable && size >= usable / 2) return p;
-  void *q = home ? th_heap_malloc(home, size) : th_malloc(size);
+  void *q = home ? th_heap_malloc(heap_outer(home), size) : th_malloc(size);
   if (q == NULL) return NULL; /* the old block stays as it was */
   memcpy(q, p, size < usable ? size : usable);
   th_free(p);

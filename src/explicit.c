@@ -1,7 +1,9 @@
 /* explicit.c: heaps the program makes itself (th_heap_create ... th_heap_destroy), on the same pages and
  * segments as the thread heaps. A no-serialize heap is a thread heap owned by its creator; a serialized heap
- * belongs to no thread (owner TH_OWNER_SHARED): every allocation holds its lock, and every free, even by an
- * allocating thread, is a lock-free remote free that the next allocation under the lock collects. */
+ * belongs to no thread (owner TH_OWNER_SHARED): every allocation holds a lock, and every free, even by an
+ * allocating thread, is a lock-free remote free that the next allocation under the lock collects. A
+ * serialized heap with no cap and no initial size is split into shards (up to two per CPU), each with its
+ * own lock and pages; an allocation takes the first free lock from a start that depends on the thread. */
 #include <errno.h>
 #include <string.h>
 
@@ -38,20 +40,32 @@ TH_COLD static void report_bad_heap(th_heap_t *heap, const char *op) {
   report_heap_misuse(op, "from a thread that does not own the TH_HEAP_NO_SERIALIZE heap", heap);
 }
 
-/* Before allocating: a serialized heap is locked (true is returned: unlock after); a no-serialize heap is
- * checked to be the calling thread's, which also catches a destroyed one (its owner id is cleared). */
-static inline bool heap_enter(th_heap_t *heap, const char *op) {
+/* Before allocating: the heap to allocate from. A no-serialize heap is checked to be the calling thread's,
+ * which also catches a destroyed one (its owner id is cleared); a serialized heap gives one of its shards,
+ * locked: the first whose lock is free, starting from one picked by the thread, else that one, waited for. */
+static inline th_heap_t *heap_enter(th_heap_t *heap, const char *op) {
   if (heap->flags & TH_HEAP_NO_SERIALIZE) {
     if (th_unlikely(heap->thread_id != thread_id())) report_bad_heap(heap, op);
-    return false;
+    return heap;
   }
-  if (th_unlikely(heap->magic != TH_HEAP_LIVE_MAGIC)) report_bad_heap(heap, op);
-  th_lock(&heap->lock);
-  return true;
+  if (th_unlikely(heap->magic != TH_HEAP_LIVE_MAGIC || heap->parent != NULL)) report_bad_heap(heap, op);
+  uint32_t n = heap->nshards;
+  if (n == 1) {
+    th_lock(&heap->lock);
+    return heap;
+  }
+  uint32_t first = (uint32_t)(((uint64_t)thread_id() * 0x9E3779B97F4A7C15ull) >> 40) % n;
+  for (uint32_t i = 0; i < n; i++) {
+    th_heap_t *shard = heap->shard[(first + i) % n];
+    if (th_trylock(&shard->lock)) return shard;
+  }
+  th_lock(&heap->shard[first]->lock);
+  return heap->shard[first];
 }
 
-static inline void heap_leave(th_heap_t *heap, bool locked) {
-  if (locked) th_unlock(&heap->lock);
+/* After allocating from what heap_enter gave. */
+static inline void heap_leave(th_heap_t *shard) {
+  if (!(shard->flags & TH_HEAP_NO_SERIALIZE)) th_unlock(&shard->lock);
 }
 
 /* th_malloc's fast path on a given heap. */
@@ -82,6 +96,25 @@ TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max
   pthread_mutex_init(&heap->lock, NULL);
   pthread_mutex_init(&heap->huge_lock, NULL);
   heap->magic = TH_HEAP_LIVE_MAGIC;
+  heap->nshards = 1;
+  heap->shard[0] = heap;
+  /* Shards only where nothing is counted across them: no cap, no pinned initial memory. */
+  size_t want = 2 * os_cpu_count();
+  if (want > TH_SHARDS_MAX) want = TH_SHARDS_MAX;
+  if (!(flags & TH_HEAP_NO_SERIALIZE) && max_size == 0 && initial_size == 0) {
+    while (heap->nshards < want) {
+      th_heap_t *shard = thread_struct_alloc();
+      if (shard == NULL) break; /* fewer shards is still a heap */
+      heap_init(shard);
+      shard->flags = TH_HEAP_EXPLICIT;
+      shard->thread_id = TH_OWNER_SHARED;
+      pthread_mutex_init(&shard->lock, NULL);
+      pthread_mutex_init(&shard->huge_lock, NULL);
+      shard->magic = TH_HEAP_LIVE_MAGIC;
+      shard->parent = heap;
+      heap->shard[heap->nshards++] = shard;
+    }
+  }
   list_push(heap);
   /* The initial size is committed and touched now, in whole segments kept by the heap (pinned): the first
    * pages carved from them take no page faults, and they are never purged while the heap lives. */
@@ -124,12 +157,20 @@ static void segment_discard(th_segment_t *seg) {
   segment_release(seg);
 }
 
+static void destroy_one(th_heap_t *heap);
+
 /* Time proportional to the heap's segments and pages, not to its blocks. */
 TH_API void th_heap_destroy(th_heap_t *heap) {
   if (heap == NULL) return;
-  if (heap->magic != TH_HEAP_LIVE_MAGIC || !heap_is_explicit(heap))
+  if (heap->magic != TH_HEAP_LIVE_MAGIC || !heap_is_explicit(heap) || heap->parent != NULL)
     report_heap_misuse("th_heap_destroy", "of a destroyed heap (or not a heap)", heap);
   list_remove(heap);
+  for (uint32_t i = 1; i < heap->nshards; i++) destroy_one(heap->shard[i]);
+  heap->nshards = 1;
+  destroy_one(heap);
+}
+
+static void destroy_one(th_heap_t *heap) {
   bool locked = is_serialized(heap);
   if (locked) th_lock(&heap->lock);
   heap->magic = 0;
@@ -153,6 +194,7 @@ TH_API void th_heap_destroy(th_heap_t *heap) {
   pthread_mutex_destroy(&heap->lock);
   pthread_mutex_destroy(&heap->huge_lock);
   heap->flags = 0;
+  heap->parent = NULL;
   thread_struct_free(heap);
 }
 
@@ -162,9 +204,9 @@ TH_NOINLINE static void *heap_malloc_other(th_heap_t *heap, size_t size) {
     errno = EINVAL;
     return NULL;
   }
-  bool locked = heap_enter(heap, "th_heap_malloc");
-  void *p = heap_alloc(heap, size);
-  heap_leave(heap, locked);
+  th_heap_t *shard = heap_enter(heap, "th_heap_malloc");
+  void *p = heap_alloc(shard, size);
+  heap_leave(shard);
   return p;
 }
 
@@ -176,16 +218,22 @@ TH_API void *th_heap_malloc(th_heap_t *heap, size_t size) {
 }
 
 void *explicit_huge_alloc(th_heap_t *heap, size_t size, size_t alignment, bool zero) {
-  bool locked = heap_enter(heap, "th_heap_malloc");
-  void *p = huge_alloc(heap, size, alignment, zero);
-  heap_leave(heap, locked);
+  th_heap_t *shard = heap_enter(heap, "th_heap_malloc");
+  void *p = huge_alloc(shard, size, alignment, zero);
+  heap_leave(shard);
   return p;
 }
 
-void *explicit_huge_realloc(th_heap_t *heap, th_segment_t *seg, void *p, size_t size) {
-  bool locked = heap_enter(heap, "th_realloc");
+/* shard: the heap (or shard) the huge block belongs to; its lock guards the cap's count. */
+void *explicit_huge_realloc(th_heap_t *shard, th_segment_t *seg, void *p, size_t size) {
+  if (shard->flags & TH_HEAP_NO_SERIALIZE) {
+    if (th_unlikely(shard->thread_id != thread_id())) report_bad_heap(shard, "th_realloc");
+    return huge_realloc(seg, p, size);
+  }
+  if (th_unlikely(shard->magic != TH_HEAP_LIVE_MAGIC)) report_bad_heap(shard, "th_realloc");
+  th_lock(&shard->lock);
   void *q = huge_realloc(seg, p, size);
-  heap_leave(heap, locked);
+  th_unlock(&shard->lock);
   return q;
 }
 
@@ -222,7 +270,8 @@ TH_API void *th_heap_realloc(th_heap_t *heap, void *p, size_t size) {
   th_segment_t *seg;
   th_page_t *page;
   free_check_block(p, TH_OP_REALLOC, &seg, &page);
-  if (atomic_load_explicit(&seg->heap, memory_order_relaxed) == heap) return th_realloc(p, size);
+  th_heap_t *home = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+  if (home != NULL && heap_outer(home) == heap) return th_realloc(p, size);
   if (size == 0) {
     th_free(p);
     return NULL;
@@ -240,19 +289,24 @@ TH_API void *th_heap_realloc(th_heap_t *heap, void *p, size_t size) {
 void explicit_lock_all(void) {
   th_lock(&explicit_list_lock);
   for (th_heap_t *h = explicit_list; h; h = h->explicit_next) {
-    th_lock(&h->lock);
-    th_lock(&h->huge_lock);
+    for (uint32_t i = 0; i < h->nshards; i++) {
+      th_lock(&h->shard[i]->lock);
+      th_lock(&h->shard[i]->huge_lock);
+    }
   }
 }
 
 void explicit_unlock_all(bool child) {
   for (th_heap_t *h = explicit_list; h; h = h->explicit_next) {
-    if (child) {
-      pthread_mutex_init(&h->lock, NULL);
-      pthread_mutex_init(&h->huge_lock, NULL);
-    } else {
-      th_unlock(&h->huge_lock);
-      th_unlock(&h->lock);
+    for (uint32_t i = 0; i < h->nshards; i++) {
+      th_heap_t *shard = h->shard[i];
+      if (child) {
+        pthread_mutex_init(&shard->lock, NULL);
+        pthread_mutex_init(&shard->huge_lock, NULL);
+      } else {
+        th_unlock(&shard->huge_lock);
+        th_unlock(&shard->lock);
+      }
     }
   }
   if (child) pthread_mutex_init(&explicit_list_lock, NULL);

@@ -159,6 +159,11 @@ static inline void th_lock(pthread_mutex_t *m) {
   if (th_unlikely(atomic_load_explicit(&thread_fork_owner, memory_order_relaxed) == thread_id())) return;
   pthread_mutex_lock(m);
 }
+/* true when the lock is now held (or skipped, see th_lock); false when another thread holds it. */
+static inline bool th_trylock(pthread_mutex_t *m) {
+  if (th_unlikely(atomic_load_explicit(&thread_fork_owner, memory_order_relaxed) == thread_id())) return true;
+  return pthread_mutex_trylock(m) == 0;
+}
 static inline void th_unlock(pthread_mutex_t *m) {
   if (th_unlikely(atomic_load_explicit(&thread_fork_owner, memory_order_relaxed) == thread_id())) return;
   pthread_mutex_unlock(m);
@@ -213,6 +218,9 @@ static inline size_t heap_committed(th_heap_t *heap) {
 }
 
 static inline bool heap_is_explicit(const th_heap_t *heap) { return (heap->flags & TH_HEAP_EXPLICIT) != 0; }
+
+/* The explicit heap a shard belongs to (a heap is its own first shard). */
+static inline th_heap_t *heap_outer(th_heap_t *heap) { return heap->parent ? heap->parent : heap; }
 
 /* AddressSanitizer builds (TH_ASAN) poison a free small or medium block past its two list words, so that a
  * use after free inside threadheap's pages is reported; other builds compile these to nothing. Poison never

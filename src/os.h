@@ -9,6 +9,8 @@
 /* Read the page size and other facts once; safe before libc has finished starting. */
 void os_init(void);
 size_t os_page_size(void);
+/* Online CPUs, read once by os_init (at least 1). */
+size_t os_cpu_count(void);
 
 /* Map size bytes of zeroed read-write memory aligned to align (a power of two >= the page size);
  * NULL on failure with errno set. size and align are multiples of the page size. */

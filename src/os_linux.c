@@ -17,12 +17,17 @@
 
 static size_t page_size = 4096;
 
+static size_t cpu_count = 1;
+
 void os_init(void) {
   long ps = sysconf(_SC_PAGESIZE);
   if (ps > 0) page_size = (size_t)ps;
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  if (n > 0) cpu_count = (size_t)n;
 }
 
 size_t os_page_size(void) { return page_size; }
+size_t os_cpu_count(void) { return cpu_count; }
 
 void *os_map_aligned(size_t size, size_t align) {
   /* Over-map and trim: the kernel gives page alignment only. The hint-free mapping keeps us in the

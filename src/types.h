@@ -136,6 +136,7 @@ typedef struct th_heap_counters_s {
 /* Heap flags beyond the public TH_HEAP_NO_SERIALIZE. */
 #define TH_HEAP_EXPLICIT 0x100u /* made by th_heap_create */
 #define TH_HEAP_LIVE_MAGIC 0x7448656170u  /* magic of an explicit heap from create to destroy */
+#define TH_SHARDS_MAX 8 /* a serialized heap with no cap and no initial size: up to 2 shards per CPU */
 
 /* A heap. Thread heaps are reached through th_heap_tls; only their thread allocates from them. Explicit
  * heaps (th_heap_create) are the same structure: a no-serialize heap has its creator as owner; a serialized
@@ -165,6 +166,11 @@ struct th_heap_s {
   pthread_mutex_t lock;               /* serialized heaps: held by every allocation */
   pthread_mutex_t huge_lock;          /* guards huge: any thread may free a huge block */
   th_heap_t *explicit_next, *explicit_prev; /* the list of live explicit heaps, for fork */
+  /* A serialized heap is split into shards, each a heap with its own lock and pages, so that threads
+   * allocating at once take different locks. shard[0] == the heap itself; a shard's parent is the heap. */
+  th_heap_t *parent;                  /* NULL for a heap; the heap, for its shards 1..nshards-1 */
+  uint32_t nshards;
+  th_heap_t *shard[TH_SHARDS_MAX];
 };
 
 #endif /* TH_TYPES_H */
