@@ -12,7 +12,7 @@
 #include "check.h"
 #include "threadheap.h"
 
-enum { FORKS = 30, THREADS = 3 };
+enum { FORKS = 100, THREADS = 3 };
 
 static th_heap_t *heap;
 static volatile int stop;
@@ -34,8 +34,8 @@ static void *worker(void *arg) {
 
 static int child(void) {
   alarm(20);
-  for (size_t k = 1; k < 2000; k++) {
-    size_t n = k * 37;
+  for (size_t k = 1; k < 600; k++) {
+    size_t n = k * 29; /* 29 B .. 17 KiB */
     unsigned char *p = th_heap_malloc(heap, n);
     if (p == NULL) return 2;
     check_fill(p, n, (unsigned)k);
