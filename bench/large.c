@@ -4,7 +4,8 @@
  *   touched    malloc + write one byte per page + free: allocation, first touch (the page faults and the
  *              kernel zeroing each page) and free (unmapping touched pages) timed apart;
  *   reused     one buffer allocated once and written every iteration: the floor that any allocator's
- *              touched loop is compared against, since reuse never faults.
+ *              touched loop is compared against, since reuse never faults. Its iterations alternate with
+ *              the touched loop's, so that both see the same machine.
  *
  * Costs are reported per MiB, with the process's system time and minor faults per iteration, because on
  * Linux most of the cost of a fresh large block is kernel work done inside the first write. An allocator
@@ -23,8 +24,7 @@ static void touch_pages(volatile char *p, size_t size, size_t page, int iter) {
   for (size_t off = 0; off < size; off += page) p[off] = (char)iter;
 }
 
-static void report(const char *mode, long mb, int iters, double a, double t, double f, struct rusage *r0,
-                   struct rusage *r1) {
+static void report_raw(const char *mode, long mb, int iters, double a, double t, double f, double sys, long flt) {
   double per = 1e6 / ((double)mb * iters);
   bench_json_begin("large");
   bench_json_str("mode", mode);
@@ -34,9 +34,15 @@ static void report(const char *mode, long mb, int iters, double a, double t, dou
   bench_json_num("touch_us_per_mb", t * per);
   bench_json_num("free_us_per_mb", f * per);
   bench_json_num("total_us_per_mb", (a + t + f) * per);
-  bench_json_num("sys_us_per_mb", (bench_tv(r1->ru_stime) - bench_tv(r0->ru_stime)) * per);
-  bench_json_num("minflt_per_iter", (double)(r1->ru_minflt - r0->ru_minflt) / iters);
+  bench_json_num("sys_us_per_mb", sys * per);
+  bench_json_num("minflt_per_iter", (double)flt / iters);
   bench_json_end();
+}
+
+static void report(const char *mode, long mb, int iters, double a, double t, double f, struct rusage *r0,
+                   struct rusage *r1) {
+  report_raw(mode, mb, iters, a, t, f, bench_tv(r1->ru_stime) - bench_tv(r0->ru_stime),
+             r1->ru_minflt - r0->ru_minflt);
 }
 
 int main(int argc, char **argv) {
@@ -62,48 +68,75 @@ int main(int argc, char **argv) {
     if (mb < 1) bench_die(prog, "sizes are in MiB and must be at least 1");
     size_t size = (size_t)mb << 20;
     struct rusage r0, r1;
-    /* The same loop twice: blocks freed untouched, then with every page written before the free. One
-     * untimed round first, as the reused buffer is written once before its loop: the figures are the
-     * steady state of a program that keeps doing this, not its first call. */
-    for (int touched = 0; touched <= 1; touched++) {
-      double ta = 0, tt = 0, tf = 0;
-      char *w = malloc(size);
-      if (!w) bench_die(prog, "malloc(%zu) failed", size);
-      if (touched) touch_pages(w, size, page, -1);
-      bench_sink = w;
-      free(w);
-      getrusage(RUSAGE_SELF, &r0);
-      for (int it = 0; it < iters; it++) {
-        double t0 = bench_now();
-        char *p = malloc(size);
-        double t1 = bench_now();
-        if (!p) bench_die(prog, "malloc(%zu) failed", size);
-        if (touched) touch_pages(p, size, page, it);
-        bench_sink = p;
-        double t2 = bench_now();
-        free(p);
-        double t3 = bench_now();
-        ta += t1 - t0;
-        tt += t2 - t1;
-        tf += t3 - t2;
-      }
-      getrusage(RUSAGE_SELF, &r1);
-      report(touched ? "touched" : "untouched", mb, iters, ta, tt, tf, &r0, &r1);
+    /* Blocks freed untouched first. Then blocks written on every page before the free, with the floor (a
+     * buffer kept and rewritten) timed in the same loop, one iteration of each in turn, so that whatever
+     * drifts during the run (frequency, caches, the rest of the machine) hits both alike: timed one after
+     * the other, the second loop ran faster whichever it was. One untimed round of each comes first: the
+     * figures are the steady state of a program that keeps doing this, not its first call. */
+    double ta = 0, tt = 0, tf = 0;
+    char *w = malloc(size);
+    if (!w) bench_die(prog, "malloc(%zu) failed", size);
+    bench_sink = w;
+    free(w);
+    getrusage(RUSAGE_SELF, &r0);
+    for (int it = 0; it < iters; it++) {
+      double t0 = bench_now();
+      char *p = malloc(size);
+      double t1 = bench_now();
+      if (!p) bench_die(prog, "malloc(%zu) failed", size);
+      bench_sink = p;
+      double t2 = bench_now();
+      free(p);
+      double t3 = bench_now();
+      ta += t1 - t0;
+      tt += t2 - t1;
+      tf += t3 - t2;
     }
+    getrusage(RUSAGE_SELF, &r1);
+    report("untouched", mb, iters, ta, tt, tf, &r0, &r1);
 
     char *buf = malloc(size);
     if (!buf) bench_die(prog, "malloc(%zu) failed", size);
     touch_pages(buf, size, page, 0);
-    double tt = 0;
+    w = malloc(size);
+    if (!w) bench_die(prog, "malloc(%zu) failed", size);
+    touch_pages(w, size, page, -1);
+    bench_sink = w;
+    free(w);
+    ta = tt = tf = 0;
+    double floor_t = 0, floor_sys = 0;
+    long floor_flt = 0;
     getrusage(RUSAGE_SELF, &r0);
     for (int it = 0; it < iters; it++) {
       double t0 = bench_now();
+      char *p = malloc(size);
+      double t1 = bench_now();
+      if (!p) bench_die(prog, "malloc(%zu) failed", size);
+      touch_pages(p, size, page, it);
+      bench_sink = p;
+      double t2 = bench_now();
+      free(p);
+      double t3 = bench_now();
+      ta += t1 - t0;
+      tt += t2 - t1;
+      tf += t3 - t2;
+      /* The floor's iteration, kept out of the touched loop's rusage. */
+      struct rusage f0, f1;
+      getrusage(RUSAGE_SELF, &f0);
+      double t4 = bench_now();
       touch_pages(buf, size, page, it + 1);
-      tt += bench_now() - t0;
+      floor_t += bench_now() - t4;
+      getrusage(RUSAGE_SELF, &f1);
+      floor_sys += bench_tv(f1.ru_stime) - bench_tv(f0.ru_stime);
+      floor_flt += f1.ru_minflt - f0.ru_minflt;
     }
     getrusage(RUSAGE_SELF, &r1);
+    /* The touched loop's rusage without the floor's share. */
+    double sys_touched = bench_tv(r1.ru_stime) - bench_tv(r0.ru_stime) - floor_sys;
+    long flt_touched = (r1.ru_minflt - r0.ru_minflt) - floor_flt;
+    report_raw("touched", mb, iters, ta, tt, tf, sys_touched, flt_touched);
+    report_raw("reused", mb, iters, 0, floor_t, 0, floor_sys, floor_flt);
     free(buf);
-    report("reused", mb, iters, 0, tt, 0, &r0, &r1);
   }
   return 0;
 }
