@@ -77,6 +77,17 @@ static inline void *heap_alloc(th_heap_t *heap, size_t size) {
   return heap_malloc_slow(heap, size);
 }
 
+/* A heap struct made live as an explicit heap (parent NULL) or as a shard of parent. */
+static void explicit_init(th_heap_t *heap, unsigned flags, th_heap_t *parent) {
+  heap_init(heap);
+  heap->flags = flags | TH_HEAP_EXPLICIT;
+  heap->thread_id = (flags & TH_HEAP_NO_SERIALIZE) ? thread_id() : TH_OWNER_SHARED;
+  pthread_mutex_init(&heap->lock, NULL);
+  pthread_mutex_init(&heap->huge_lock, NULL);
+  heap->magic = TH_HEAP_LIVE_MAGIC;
+  heap->parent = parent;
+}
+
 TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max_size) {
   if ((flags & ~TH_HEAP_NO_SERIALIZE) != 0 || (max_size != 0 && initial_size > max_size) ||
       alloc_too_large(initial_size)) {
@@ -89,13 +100,8 @@ TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max
     errno = ENOMEM;
     return NULL;
   }
-  heap_init(heap);
-  heap->flags = flags | TH_HEAP_EXPLICIT;
+  explicit_init(heap, flags, NULL);
   heap->max_size = max_size;
-  heap->thread_id = (flags & TH_HEAP_NO_SERIALIZE) ? thread_id() : TH_OWNER_SHARED;
-  pthread_mutex_init(&heap->lock, NULL);
-  pthread_mutex_init(&heap->huge_lock, NULL);
-  heap->magic = TH_HEAP_LIVE_MAGIC;
   heap->nshards = 1;
   heap->shard[0] = heap;
   /* Shards only where nothing is counted across them: no cap, no pinned initial memory. */
@@ -105,13 +111,7 @@ TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max
     while (heap->nshards < want) {
       th_heap_t *shard = thread_struct_alloc();
       if (shard == NULL) break; /* fewer shards is still a heap */
-      heap_init(shard);
-      shard->flags = TH_HEAP_EXPLICIT;
-      shard->thread_id = TH_OWNER_SHARED;
-      pthread_mutex_init(&shard->lock, NULL);
-      pthread_mutex_init(&shard->huge_lock, NULL);
-      shard->magic = TH_HEAP_LIVE_MAGIC;
-      shard->parent = heap;
+      explicit_init(shard, flags, heap);
       heap->shard[heap->nshards++] = shard;
     }
   }
@@ -140,17 +140,7 @@ TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max
 /* Every page of the segment forgets its blocks, so that a stale pointer into it reads as invalid, and the
  * segment goes to the cache (or the OS). */
 static void segment_discard(th_segment_t *seg) {
-  for (size_t i = 0; i < seg->page_count; i++) {
-    th_page_t *page = &seg->pages[i];
-    if (page->in_use) block_unpoison(page->start, (size_t)page->capacity * page->block_size);
-    page->in_use = 0;
-    page->free = page->local_free = NULL;
-    page->start = NULL;
-    page->block_size = 0;
-    page->block_magic = 0;
-    __atomic_store_n(&page->capacity, 0, __ATOMIC_RELAXED);
-    atomic_store_explicit(&page->thread_free, 0, memory_order_relaxed);
-  }
+  for (size_t i = 0; i < seg->page_count; i++) page_forget(&seg->pages[i]);
   seg->used_pages = 0;
   seg->is_pinned = 0;
   seg->next = seg->prev = NULL;

@@ -65,6 +65,7 @@ void heap_free_local(th_heap_t *heap, th_page_t *page);
 
 /* ---- page.c */
 void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_idx);
+void page_forget(th_page_t *page);
 bool page_extend(th_heap_t *heap, th_page_t *page);
 size_t page_collect(th_page_t *page);
 bool page_try_set_full(th_page_t *page);

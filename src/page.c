@@ -44,6 +44,23 @@ void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_id
   th_assert(page->reserved >= 1);
 }
 
+/* The page slot no longer holds blocks: its lists are dropped, its poison lifted, and any pointer into it
+ * fails the block-start test from now on (start NULL, capacity 0). The owner's bookkeeping (committed bytes,
+ * queues, used_pages) is the caller's. */
+void page_forget(th_page_t *page) {
+  if (page->in_use) block_unpoison(page->start, (size_t)page->capacity * page->block_size);
+  page->in_use = 0;
+  page->class_idx = 0;
+  page->free = page->local_free = NULL;
+  page->start = NULL;
+  page->block_size = 0;
+  page->block_magic = 0;
+  __atomic_store_n(&page->capacity, 0, __ATOMIC_RELAXED);
+  page->reserved = 0;
+  __atomic_store_n(&page->has_aligned, 0, __ATOMIC_RELAXED);
+  atomic_store_explicit(&page->thread_free, 0, memory_order_relaxed);
+}
+
 /* Carve up to TH_EXTEND_BYTES more blocks (at least one) onto the free list. Carving lazily keeps untouched
  * memory out of RSS and the first touch of each OS page close to its first use. */
 bool page_extend(th_heap_t *heap, th_page_t *page) {

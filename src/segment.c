@@ -262,20 +262,10 @@ th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind) {
 void segment_page_free(th_heap_t *heap, th_page_t *page) {
   th_segment_t *seg = segment_of_page(page);
   th_assert(page->in_use && page->used == 0);
-  block_unpoison(page->start, (size_t)page->capacity * page->block_size);
   heap->stat.committed -= page->committed;
   stats_committed(-(long)page->committed);
   page->committed = 0;
-  page->in_use = 0;
-  page->class_idx = 0;
-  page->free = page->local_free = NULL;
-  page->start = NULL; /* with block_size 0, any pointer into a free slot fails the block-start test */
-  page->block_size = 0;
-  page->block_magic = 0;
-  __atomic_store_n(&page->capacity, 0, __ATOMIC_RELAXED);
-  page->reserved = 0;
-  __atomic_store_n(&page->has_aligned, 0, __ATOMIC_RELAXED);
-  atomic_store_explicit(&page->thread_free, 0, memory_order_relaxed);
+  page_forget(page);
   bool was_full = seg->used_pages == seg->page_count;
   if (--seg->used_pages == 0) {
     for (size_t i = 0; i < seg->page_count; i++) {
