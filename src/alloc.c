@@ -38,11 +38,27 @@ TH_API void *th_calloc(size_t count, size_t size) {
   return p;
 }
 
+/* A copy of p's first size bytes (at most its usable size) in a new block of dest (NULL: this thread's
+ * default heap), then p freed; NULL with p left as it was when there is no room. */
+void *alloc_move(th_heap_t *dest, void *p, const th_page_t *page, size_t size) {
+  void *q = dest ? th_heap_malloc(dest, size) : th_malloc(size);
+  if (q == NULL) return NULL;
+  size_t usable = free_usable_size(page, p);
+  memcpy(q, p, size < usable ? size : usable);
+  th_free(p);
+  return q;
+}
+
 TH_API void *th_realloc(void *p, size_t size) {
   if (p == NULL) return th_malloc(size);
   th_segment_t *seg;
   th_page_t *page;
   free_check_block(p, TH_OP_REALLOC, &seg, &page);
+  return alloc_realloc_checked(p, seg, page, size);
+}
+
+/* th_realloc of a block free_check_block has passed. */
+void *alloc_realloc_checked(void *p, th_segment_t *seg, th_page_t *page, size_t size) {
   if (size == 0) { /* glibc: realloc(p, 0) frees p and returns NULL */
     th_free(p);
     return NULL;
@@ -67,11 +83,7 @@ TH_API void *th_realloc(void *p, size_t size) {
   }
   /* In place while the block is big enough and not more than twice too big. */
   if (size <= usable && size >= usable / 2) return p;
-  void *q = home ? th_heap_malloc(heap_outer(home), size) : th_malloc(size);
-  if (q == NULL) return NULL; /* the old block stays as it was */
-  memcpy(q, p, size < usable ? size : usable);
-  th_free(p);
-  return q;
+  return alloc_move(home ? heap_outer(home) : NULL, p, page, size);
 }
 
 TH_API void *th_reallocarray(void *p, size_t count, size_t size) {

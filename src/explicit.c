@@ -261,17 +261,12 @@ TH_API void *th_heap_realloc(th_heap_t *heap, void *p, size_t size) {
   th_page_t *page;
   free_check_block(p, TH_OP_REALLOC, &seg, &page);
   th_heap_t *home = atomic_load_explicit(&seg->heap, memory_order_relaxed);
-  if (home != NULL && heap_outer(home) == heap) return th_realloc(p, size);
+  if (home != NULL && heap_outer(home) == heap) return alloc_realloc_checked(p, seg, page, size);
   if (size == 0) {
     th_free(p);
     return NULL;
   }
-  void *q = th_heap_malloc(heap, size);
-  if (q == NULL) return NULL; /* p stays as it was */
-  size_t usable = free_usable_size(page, p);
-  memcpy(q, p, size < usable ? size : usable);
-  th_free(p);
-  return q;
+  return alloc_move(heap, p, page, size);
 }
 
 /* ---- fork: every explicit heap's locks, after the list lock; released (or reset in the child) after. */

@@ -47,6 +47,8 @@ _Noreturn void report_assert(const char *cond, const char *file, int line);
 void *alloc_aligned(th_heap_t *heap, size_t alignment, size_t size);
 void *alloc_memalign(th_heap_t *heap, size_t alignment, size_t size);
 bool alloc_too_large(size_t size);
+void *alloc_realloc_checked(void *p, th_segment_t *seg, th_page_t *page, size_t size);
+void *alloc_move(th_heap_t *dest, void *p, const th_page_t *page, size_t size);
 bool alloc_is_aligned_tag(const void *p);
 
 /* ---- heap.c */
