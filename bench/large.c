@@ -24,6 +24,22 @@ static void touch_pages(volatile char *p, size_t size, size_t page, int iter) {
   for (size_t off = 0; off < size; off += page) p[off] = (char)iter;
 }
 
+/* One malloc, write (iteration >= 0: one byte per page; -1: untouched), free; each part's time added. */
+static void timed_round(size_t size, size_t page, int iteration, double *ta, double *tt, double *tf) {
+  double t0 = bench_now();
+  char *p = malloc(size);
+  double t1 = bench_now();
+  if (!p) bench_die(prog, "malloc(%zu) failed", size);
+  if (iteration >= 0) touch_pages(p, size, page, iteration);
+  bench_sink = p;
+  double t2 = bench_now();
+  free(p);
+  double t3 = bench_now();
+  *ta += t1 - t0;
+  *tt += t2 - t1;
+  *tf += t3 - t2;
+}
+
 static void report_raw(const char *mode, long mb, int iters, double a, double t, double f, double sys, long flt) {
   double per = 1e6 / ((double)mb * iters);
   bench_json_begin("large");
@@ -79,19 +95,7 @@ int main(int argc, char **argv) {
     bench_sink = w;
     free(w);
     getrusage(RUSAGE_SELF, &r0);
-    for (int it = 0; it < iters; it++) {
-      double t0 = bench_now();
-      char *p = malloc(size);
-      double t1 = bench_now();
-      if (!p) bench_die(prog, "malloc(%zu) failed", size);
-      bench_sink = p;
-      double t2 = bench_now();
-      free(p);
-      double t3 = bench_now();
-      ta += t1 - t0;
-      tt += t2 - t1;
-      tf += t3 - t2;
-    }
+    for (int it = 0; it < iters; it++) timed_round(size, page, -1, &ta, &tt, &tf);
     getrusage(RUSAGE_SELF, &r1);
     report("untouched", mb, iters, ta, tt, tf, &r0, &r1);
 
@@ -108,18 +112,7 @@ int main(int argc, char **argv) {
     long floor_flt = 0;
     getrusage(RUSAGE_SELF, &r0);
     for (int it = 0; it < iters; it++) {
-      double t0 = bench_now();
-      char *p = malloc(size);
-      double t1 = bench_now();
-      if (!p) bench_die(prog, "malloc(%zu) failed", size);
-      touch_pages(p, size, page, it);
-      bench_sink = p;
-      double t2 = bench_now();
-      free(p);
-      double t3 = bench_now();
-      ta += t1 - t0;
-      tt += t2 - t1;
-      tf += t3 - t2;
+      timed_round(size, page, it, &ta, &tt, &tf);
       /* The floor's iteration, kept out of the touched loop's rusage. */
       struct rusage f0, f1;
       getrusage(RUSAGE_SELF, &f0);
