@@ -9,15 +9,8 @@
  * pointer from an interior pointer. */
 #define TH_ALIGN_SALT ((uintptr_t)0x5a17a11c0ffee5edULL)
 
-/* The fast path: a table lookup and a pop, no lock, no atomic (about 12 instructions, two branches). */
-TH_API void *th_malloc(size_t size) {
-  th_heap_t *heap = th_heap_tls;
-  if (th_likely(size <= TH_DIRECT_MAX)) {
-    th_page_t *page = heap->direct[(size + 15) >> 4];
-    if (th_likely(page->free != NULL)) return page_pop(page);
-  }
-  return heap_malloc_slow(heap, size);
-}
+/* The fast path on the thread's heap (heap_malloc in internal.h). */
+TH_API void *th_malloc(size_t size) { return heap_malloc(th_heap_tls, size); }
 #ifdef TH_OVERRIDE
 TH_API TH_MALLOC_ATTR void *malloc(size_t size) __attribute__((alias("th_malloc")));
 extern const char override_anchor;

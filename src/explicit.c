@@ -68,15 +68,6 @@ static inline void heap_leave(th_heap_t *shard) {
   if (!(shard->flags & TH_HEAP_NO_SERIALIZE)) th_unlock(&shard->lock);
 }
 
-/* th_malloc's fast path on a given heap. */
-static inline void *heap_alloc(th_heap_t *heap, size_t size) {
-  if (th_likely(size <= TH_DIRECT_MAX)) {
-    th_page_t *page = heap->direct[(size + 15) >> 4];
-    if (th_likely(page->free != NULL)) return page_pop(page);
-  }
-  return heap_malloc_slow(heap, size);
-}
-
 /* A heap struct made live as an explicit heap (parent NULL) or as a shard of parent. */
 static void explicit_init(th_heap_t *heap, unsigned flags, th_heap_t *parent) {
   heap_init(heap);
@@ -195,7 +186,7 @@ TH_NOINLINE static void *heap_malloc_other(th_heap_t *heap, size_t size) {
     return NULL;
   }
   th_heap_t *shard = heap_enter(heap, "th_heap_malloc");
-  void *p = heap_alloc(shard, size);
+  void *p = heap_malloc(shard, size);
   heap_leave(shard);
   return p;
 }
@@ -203,7 +194,7 @@ TH_NOINLINE static void *heap_malloc_other(th_heap_t *heap, size_t size) {
 /* The owner of a no-serialize heap takes th_malloc's path on the heap's own direct table: a serialized heap's
  * owner id (TH_OWNER_SHARED) and a destroyed heap's (0) are no thread's, so both go the other way. */
 TH_API void *th_heap_malloc(th_heap_t *heap, size_t size) {
-  if (th_likely(heap != NULL && heap->thread_id == thread_id())) return heap_alloc(heap, size);
+  if (th_likely(heap != NULL && heap->thread_id == thread_id())) return heap_malloc(heap, size);
   return heap_malloc_other(heap, size);
 }
 

@@ -15,6 +15,19 @@ static inline bool page_is_block(const th_page_t *page, const void *p) {
 
 static inline uintptr_t free_tag(const void *block) { return th_key ^ (uintptr_t)block; }
 
+/* A free by the owner: onto local_free, or onto free itself while free is empty. The second case makes a
+ * malloc/free loop reuse one block, as the cache-hot LIFO it is, instead of cycling through every block of
+ * its batch and refilling free from local_free each time round (3.2 against 4.6 ns per 1 KiB pair, and 3.8
+ * against 4.7 ns per 16 KiB pair, measured with bench/pairs). Tagged free and counted; no lock, no atomic. */
+static inline void free_push_local(th_page_t *page, th_block_t *b) {
+  th_block_t **list = page->free != NULL ? &page->local_free : &page->free;
+  b->next = *list;
+  *list = b;
+  b->tag = free_tag(b);
+  block_poison(b, page->block_size);
+  page->used--;
+}
+
 /* Every free the owner's fast path does not take. Another thread's block that is a block start of a live
  * page (a free page slot or a huge block has capacity 0 and fails page_is_block) and not tagged free is
  * pushed with one CAS; the rest (NULL, huge blocks, aligned and misused pointers, tagged blocks) go to
@@ -50,11 +63,7 @@ TH_API void th_free(void *p) {
     th_block_t *b = p;
     if (th_likely(atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id() &&
                   page_is_block(page, p) && b->tag != free_tag(b))) {
-      b->next = page->local_free;
-      page->local_free = b;
-      b->tag = free_tag(b);
-      block_poison(b, page->block_size);
-      page->used--;
+      free_push_local(page, b);
       /* A page parked as full goes back to its queue; the owner is the thread's default heap or one of
        * its no-serialize explicit heaps. */
       if (th_unlikely(page->in_full)) heap_free_local(atomic_load_explicit(&seg->heap, memory_order_relaxed), page);
@@ -77,11 +86,8 @@ TH_NOINLINE void free_slow(void *p) {
   if (seg->kind == TH_KIND_HUGE) {
     huge_free(seg, p, TH_OP_FREE);
   } else if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id()) {
-    b->next = page->local_free;
-    page->local_free = b;
-    b->tag = free_tag(b);
-    block_poison(b, page->block_size);
-    if (--page->used == 0 || page->in_full)
+    free_push_local(page, b);
+    if (page->used == 0 || page->in_full)
       heap_free_local(atomic_load_explicit(&seg->heap, memory_order_relaxed), page);
   } else {
     b->tag = free_tag(b);

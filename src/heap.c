@@ -241,18 +241,26 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
   return page;
 }
 
-void *heap_malloc_slow(th_heap_t *heap, size_t size) {
-  /* Sizes past the direct table: the first page of the class usually has a free block. */
-  if (size <= TH_LARGE_MAX) {
+/* Every malloc the direct table's pop does not serve: sizes past the table, and a first page whose free
+ * list ran dry. The first page of the class usually has a block, or the owner's frees since the last refill
+ * on local_free (no lock, no atomic). It makes no call but the tail call to the slow path, so it saves no
+ * registers (about 20 instructions). */
+void *heap_malloc_queue(th_heap_t *heap, size_t size) {
+  if (th_likely(size <= TH_LARGE_MAX)) {
     th_page_t *page = heap->queues[size_class(size)].first;
-    if (page != NULL) {
-      if (page->free == NULL) { /* the owner's frees since the last refill: no lock, no atomic */
+    if (th_likely(page != NULL)) {
+      if (page->free == NULL) {
         page->free = page->local_free;
         page->local_free = NULL;
       }
-      if (page->free != NULL) return page_pop(page);
+      if (th_likely(page->free != NULL)) return page_pop(page);
     }
   }
+  return heap_malloc_slow(heap, size);
+}
+
+/* The first page of the class has no free block (or there is none), or the block is huge. */
+TH_NOINLINE void *heap_malloc_slow(th_heap_t *heap, size_t size) {
   if (th_unlikely(heap == &th_heap_empty)) {
     if (thread_exited()) return thread_late_malloc(size);
     heap = thread_heap_init();

@@ -54,6 +54,7 @@ bool alloc_is_aligned_tag(const void *p);
 /* ---- heap.c */
 extern th_heap_t th_heap_empty;
 extern th_page_t th_page_empty;
+void *heap_malloc_queue(th_heap_t *heap, size_t size);
 void *heap_malloc_slow(th_heap_t *heap, size_t size);
 void heap_init(th_heap_t *heap);
 void heap_queue_remove(th_heap_t *heap, th_page_queue_t *q, th_page_t *page);
@@ -176,7 +177,7 @@ static inline void th_unlock(pthread_mutex_t *m) {
 static inline size_t size_class(size_t n) {
   if (n <= 128) return n <= 16 ? 1 : (n + 15) >> 4;
   size_t w = n - 1;
-  size_t b = 63 - (size_t)__builtin_clzl(w);
+  size_t b = 63 ^ (size_t)__builtin_clzl(w); /* the top bit's index: one bsr */
   return 8 + (b - 7) * 4 + ((w >> (b - 2)) & 3) + 1;
 }
 
@@ -249,6 +250,17 @@ static inline void *page_pop(th_page_t *page) {
   b->tag = 0;
   block_unpoison(b, page->block_size);
   return b;
+}
+
+/* The malloc fast path on a heap (th_malloc on the thread's, th_heap_malloc on an explicit one): a table
+ * lookup and a pop, no lock, no atomic (about 12 instructions, two branches); everything else is a tail
+ * call. */
+static inline void *heap_malloc(th_heap_t *heap, size_t size) {
+  if (th_likely(size <= TH_DIRECT_MAX)) {
+    th_page_t *page = heap->direct[(size + 15) >> 4];
+    if (th_likely(page->free != NULL)) return page_pop(page);
+  }
+  return heap_malloc_queue(heap, size);
 }
 
 #endif /* TH_INTERNAL_H */
