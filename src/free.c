@@ -20,12 +20,16 @@ static inline uintptr_t free_tag(const void *block) { return th_key ^ (uintptr_t
  * its batch and refilling free from local_free each time round (3.2 against 4.6 ns per 1 KiB pair, and 3.8
  * against 4.7 ns per 16 KiB pair, measured with bench/pairs). Tagged free and counted; no lock, no atomic. */
 static inline void free_push_local(th_page_t *page, th_block_t *b) {
-  th_block_t **list = page->free != NULL ? &page->local_free : &page->free;
-  b->next = *list;
-  *list = b;
-  b->tag = free_tag(b);
-  block_poison(b, page->block_size);
   page->used--;
+  b->tag = free_tag(b);
+  if (page->free == NULL) {
+    b->next = NULL;
+    page->free = b;
+  } else {
+    b->next = page->local_free;
+    page->local_free = b;
+  }
+  block_poison(b, page->block_size);
 }
 
 /* Every free the owner's fast path does not take. Another thread's block that is a block start of a live
