@@ -10,7 +10,7 @@
 #define TH_ALIGN_SALT ((uintptr_t)0x5a17a11c0ffee5edULL)
 
 /* The fast path on the thread's heap (heap_malloc in internal.h). */
-TH_API void *th_malloc(size_t size) { return heap_malloc(th_heap_tls, size); }
+TH_API TH_HOT void *th_malloc(size_t size) { return heap_malloc(th_heap_tls, size); }
 #ifdef TH_OVERRIDE
 TH_API TH_MALLOC_ATTR void *malloc(size_t size) __attribute__((alias("th_malloc")));
 extern const char override_anchor;

@@ -36,7 +36,7 @@ static inline void free_push_local(th_page_t *page, th_block_t *b) {
  * page (a free page slot or a huge block has capacity 0 and fails page_is_block) and not tagged free is
  * pushed with one CAS; the rest (NULL, huge blocks, aligned and misused pointers, tagged blocks) go to
  * free_slow, which checks everything. Kept out of th_free so the owner's path stays short. */
-TH_NOINLINE static void free_other(void *p) {
+TH_NOINLINE TH_HOT static void free_other(void *p) {
   uintptr_t region = (uintptr_t)p >> TH_SEGMENT_SHIFT;
   if (th_likely(region < TH_MAP_ENTRIES &&
                 atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) == 1)) {
@@ -58,7 +58,7 @@ TH_NOINLINE static void free_other(void *p) {
  * every way out is a tail call, so the path saves no registers (about 35 instructions, 5 branches).
  * A page that empties is not retired here: heap_purge finds empty pages on its rounds, and a malloc/free
  * loop that empties its page again and again pays nothing for it. */
-TH_API void th_free(void *p) {
+TH_API TH_HOT void th_free(void *p) {
   uintptr_t region = (uintptr_t)p >> TH_SEGMENT_SHIFT;
   if (th_likely(region < TH_MAP_ENTRIES &&
                 atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) == 1)) {

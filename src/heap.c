@@ -9,20 +9,42 @@
 /* The heap every thread starts with: each direct slot names a page with no free block, so the first malloc
  * of a thread takes the slow path, which gives the thread a heap of its own. */
 th_page_t th_page_empty;
-th_heap_t th_heap_empty = {.direct = {[0 ... TH_DIRECT_SLOTS - 1] = &th_page_empty}};
+th_heap_t th_heap_empty = {.direct = {[0 ... TH_DIRECT_SLOTS - 1] = &th_page_empty},
+                            .direct_medium = {[0 ... TH_DIRECT_MEDIUM_SLOTS - 1] = &th_page_empty},
+                            .direct_large = {[0 ... TH_DIRECT_LARGE_SLOTS - 1] = &th_page_empty}};
 
 void heap_init(th_heap_t *heap) {
   memset(heap, 0, sizeof *heap);
   for (size_t i = 0; i < TH_DIRECT_SLOTS; i++) heap->direct[i] = &th_page_empty;
+  for (size_t i = 0; i < TH_DIRECT_MEDIUM_SLOTS; i++) heap->direct_medium[i] = &th_page_empty;
+  for (size_t i = 0; i < TH_DIRECT_LARGE_SLOTS; i++) heap->direct_large[i] = &th_page_empty;
 }
 
-/* Keep direct[] pointing at the first page of each small class (the invariant in types.h). */
+/* Keep the direct tables pointing at the first page of each class (the invariants in types.h): the slots of
+ * class c are those of the sizes above class c-1's, up to its own, in the table of c's range. */
+static th_page_t **direct_slots(th_heap_t *heap, size_t c, size_t *lo, size_t *hi) {
+  size_t size = class_size(c), below = c == 1 ? 0 : class_size(c - 1);
+  unsigned shift = size <= TH_DIRECT_MAX ? 4 : size <= TH_MEDIUM_MAX ? 8 : 14;
+  *lo = c == 1 ? 0 : (below >> shift) + 1;
+  *hi = size >> shift;
+  return size <= TH_DIRECT_MAX ? heap->direct : size <= TH_MEDIUM_MAX ? heap->direct_medium : heap->direct_large;
+}
+
 static void heap_direct_update(th_heap_t *heap, size_t c) {
-  size_t size = class_size(c);
-  if (size > TH_DIRECT_MAX) return;
   th_page_t *page = heap->queues[c].first ? heap->queues[c].first : &th_page_empty;
-  size_t lo = c == 1 ? 0 : class_size(c - 1) / 16 + 1;
-  for (size_t w = lo; w <= size / 16; w++) heap->direct[w] = page;
+  size_t lo, hi;
+  th_page_t **table = direct_slots(heap, c, &lo, &hi);
+  for (size_t w = lo; w <= hi; w++) table[w] = page;
+}
+
+/* The direct-table invariant of class c (types.h), for th_assert. */
+__attribute__((unused)) static bool heap_direct_is_valid(th_heap_t *heap, size_t c) {
+  th_page_t *page = heap->queues[c].first ? heap->queues[c].first : &th_page_empty;
+  size_t lo, hi;
+  th_page_t **table = direct_slots(heap, c, &lo, &hi);
+  for (size_t w = lo; w <= hi; w++)
+    if (table[w] != page) return false;
+  return true;
 }
 
 static bool is_class_queue(const th_heap_t *heap, const th_page_queue_t *q) {
@@ -245,7 +267,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
  * list ran dry. The first page of the class usually has a block, or the owner's frees since the last refill
  * on local_free (no lock, no atomic). It makes no call but the tail call to the slow path, so it saves no
  * registers (about 20 instructions). */
-void *heap_malloc_queue(th_heap_t *heap, size_t size) {
+TH_HOT void *heap_malloc_queue(th_heap_t *heap, size_t size) {
   if (th_likely(size <= TH_LARGE_MAX)) {
     th_page_t *page = heap->queues[size_class(size)].first;
     if (th_likely(page != NULL)) {
@@ -291,5 +313,6 @@ TH_NOINLINE void *heap_malloc_slow(th_heap_t *heap, size_t size) {
     return NULL;
   }
   th_assert(page_is_valid(page));
+  th_assert(heap_direct_is_valid(heap, size_class(size)));
   return page_pop(page);
 }

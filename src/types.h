@@ -31,6 +31,11 @@
 #define TH_LARGE_MAX ((size_t)1 << 20) /* the largest block served from heap pages; above it: huge */
 #define TH_DIRECT_MAX 1024             /* malloc(n) for n <= this is a table lookup and a pop */
 #define TH_DIRECT_SLOTS (TH_DIRECT_MAX / 16 + 1)
+/* Past TH_DIRECT_MAX, every class size up to TH_MEDIUM_MAX is a multiple of 256, and every one past that a
+ * multiple of 16 KiB: two more tables, a slot per 256 bytes and per 16 KiB, make every malloc up to
+ * TH_LARGE_MAX a lookup and a pop. */
+#define TH_DIRECT_MEDIUM_SLOTS (TH_MEDIUM_MAX / 256 + 1)
+#define TH_DIRECT_LARGE_SLOTS (TH_LARGE_MAX / 16384 + 1)
 #define TH_CLASS_COUNT 61 /* classes 1..60; class 60 is exactly TH_LARGE_MAX */
 #define TH_ADDRESS_BITS 47
 #define TH_MAP_ENTRIES ((size_t)1 << (TH_ADDRESS_BITS - TH_SEGMENT_SHIFT))
@@ -143,6 +148,8 @@ typedef struct th_heap_counters_s {
  * heap has owner TH_OWNER_SHARED and every allocation holds its lock.
  * Invariants:
  *   direct[w] == queues[class of (w * 16)].first, or &th_page_empty when that queue is empty
+ *   direct_medium[w] == queues[class of (w * 256)].first, or &th_page_empty, for w * 256 > TH_DIRECT_MAX
+ *   direct_large[w] == queues[class of (w * 16384)].first, or &th_page_empty, for w * 16384 > TH_MEDIUM_MAX
  *   every page in queues[c] has class_idx == c and in_full == 0; every page in full has in_full == 1
  *   max_size == 0  ||  stat.committed + huge_bytes <= max_size   (after every allocation) */
 struct th_heap_s {
@@ -171,6 +178,8 @@ struct th_heap_s {
   th_heap_t *parent;                  /* NULL for a heap; the heap, for its shards 1..nshards-1 */
   uint32_t nshards;
   th_heap_t *shard[TH_SHARDS_MAX];
+  th_page_t *direct_medium[TH_DIRECT_MEDIUM_SLOTS]; /* slots 0..TH_DIRECT_MAX/256 are never read */
+  th_page_t *direct_large[TH_DIRECT_LARGE_SLOTS];   /* slots 0..TH_MEDIUM_MAX/16384 are never read */
 };
 
 #endif /* TH_TYPES_H */
