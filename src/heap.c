@@ -126,8 +126,9 @@ void heap_free_local(th_heap_t *heap, th_page_t *page) {
   if (page->used == 0) heap_page_retire(heap, page);
 }
 
+/* A page of a class queue whose blocks are all free (page_is_empty) goes back to its segment. */
 static void page_free_empty(th_heap_t *heap, th_page_t *page) {
-  page->free = page->local_free = NULL;
+  page_discard_free(page);
   heap_queue_remove(heap, &heap->queues[page->class_idx], page);
   segment_page_free(heap, page);
 }
@@ -139,12 +140,13 @@ void heap_purge(th_heap_t *heap, bool force) {
   uint64_t delay = (uint64_t)th_options.purge_delay;
   if (!force && now < heap->next_purge_ms) return;
   heap->next_purge_ms = now + (delay / 4 > 10 ? delay / 4 : 10);
-  /* Remote frees into classes this thread no longer allocates would wait forever: collect every page. */
+  /* Pages emptied by remote frees, in classes this thread no longer allocates, would wait forever: look at
+   * every page. One still in use keeps its remote frees for when it runs dry: collecting them now could
+   * mean walking them, a cache miss per block. */
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
     for (th_page_t *page = heap->queues[c].first, *next; page; page = next) {
       next = page->next;
-      page_collect(page);
-      if (page->used != 0) {
+      if (!page_is_empty(page)) {
         page->free_since_ms = 0; /* in use: the empty clock starts again from the next round */
         continue;
       }
@@ -182,7 +184,7 @@ void heap_purge(th_heap_t *heap, bool force) {
   }
 }
 
-/* Remote frees collected, full pages revisited, empty pages freed: what a capped heap does before failing. */
+/* Full pages revisited, pages emptied by remote frees freed: what a capped heap does before failing. */
 void heap_collect_remote(th_heap_t *heap) {
   heap_collect_ready(heap);
   for (th_page_t *page = heap->full.first, *next; page; page = next) {
@@ -194,8 +196,7 @@ void heap_collect_remote(th_heap_t *heap) {
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
     for (th_page_t *page = heap->queues[c].first, *next; page; page = next) {
       next = page->next;
-      page_collect(page);
-      if (page->used == 0) page_free_empty(heap, page);
+      if (page_is_empty(page)) page_free_empty(heap, page);
     }
   }
 }

@@ -81,6 +81,8 @@ void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_id
 void page_forget(th_page_t *page);
 bool page_extend(th_heap_t *heap, th_page_t *page);
 size_t page_collect(th_page_t *page);
+bool page_is_empty(const th_page_t *page);
+void page_discard_free(th_page_t *page);
 bool page_try_set_full(th_page_t *page);
 void page_clear_delay(th_page_t *page);
 void page_push_remote(th_page_t *page, th_block_t *block);

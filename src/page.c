@@ -134,6 +134,24 @@ size_t page_collect(th_page_t *page) {
   return n;
 }
 
+/* Owner only. Is every block free, counting the remote frees not yet collected? Their number is in the
+ * thread_free word, so no block is read: pages in use keep their remote frees until they run dry (when
+ * collecting costs no walk), and only pages about to be freed are collected. */
+bool page_is_empty(const th_page_t *page) {
+  return page->used == tf_count(atomic_load_explicit(&page->thread_free, memory_order_relaxed));
+}
+
+/* Owner only, for a page about to be freed whose blocks are all free (page_is_empty): its lists are dropped
+ * and its remote frees counted, without walking them. */
+void page_discard_free(th_page_t *page) {
+  uintptr_t tf = atomic_exchange_explicit(&page->thread_free, 0, memory_order_acquire);
+  size_t n = tf_count(tf);
+  th_assert(page->used == n);
+  page->used = 0;
+  page->free = page->local_free = NULL;
+  stats_add_remote(n);
+}
+
 /* Ask to be told about the next remote free. False when blocks arrived meanwhile: collect them instead. */
 bool page_try_set_full(th_page_t *page) {
   uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);

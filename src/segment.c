@@ -337,10 +337,9 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
     if (!page->in_use) continue;
     page->in_full = 0;
     page_clear_delay(page);
-    page_collect(page);
     heap->stat.committed += page->committed;
-    if (page->used == 0) {
-      page->free = page->local_free = NULL;
+    if (page_is_empty(page)) { /* a page in use keeps its remote frees until it runs dry */
+      page_discard_free(page);
       bool last = seg->used_pages == 1;
       segment_page_free(heap, page);
       if (last) return true; /* the segment was released whole: do not touch it again */
