@@ -15,20 +15,16 @@ static inline bool page_is_block(const th_page_t *page, const void *p) {
 
 static inline uintptr_t free_tag(const void *block) { return th_key ^ (uintptr_t)block; }
 
-/* A free by the owner: onto local_free, or onto free itself while free is empty. The second case makes a
- * malloc/free loop reuse one block, as the cache-hot LIFO it is, instead of cycling through every block of
- * its batch and refilling free from local_free each time round (3.2 against 4.6 ns per 1 KiB pair, and 3.8
- * against 4.7 ns per 16 KiB pair, measured with bench/pairs). Tagged free and counted; no lock, no atomic. */
+/* A free by the owner: pushed on the page's free list, so the next malloc of the class gets it back while it
+ * is still in cache (LIFO, like a per-thread cache), instead of a block freed long ago. Against pushing on
+ * local_free while free held blocks: bench/pairs, one thread, 2.8 against 3.2 ns per pair at 16 B-1 KiB and
+ * 3.0 against 4.6 ns at 256 KiB; bench/random, 4 threads up to 64 KiB, 119 against 94 Mops/s (5
+ * interleaved runs each). Tagged free and counted; no lock, no atomic. */
 static inline void free_push_local(th_page_t *page, th_block_t *b) {
   page->used--;
   b->tag = free_tag(b);
-  if (page->free == NULL) {
-    b->next = NULL;
-    page->free = b;
-  } else {
-    b->next = page->local_free;
-    page->local_free = b;
-  }
+  b->next = page->free;
+  page->free = b;
   block_poison(b, page->block_size);
 }
 

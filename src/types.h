@@ -80,8 +80,8 @@ typedef struct th_segment_s th_segment_t;
  *   in_full == 1 <=> the page is in heap->full, and its thread_free state is FULL, FREEING or NOTIFIED
  * Only the owner thread touches the fields above thread_free; any thread may push onto thread_free. */
 typedef struct th_page_s {
-  th_block_t *free;       /* malloc pops from here */
-  th_block_t *local_free; /* the owner's frees while free holds blocks; moved to free when free runs dry */
+  th_block_t *free;       /* malloc pops from here; the owner's frees push here (LIFO) */
+  th_block_t *local_free; /* remote frees collected while free held blocks; moved to free when free runs dry */
   uint32_t used;
   uint32_t capacity;      /* blocks carved so far; the rest of the page is untouched */
   uint32_t reserved;      /* blocks that fit in the page */
