@@ -51,7 +51,7 @@ TH_NOINLINE TH_HOT static void free_other(void *p) {
 }
 
 /* The fast path: owner thread, a block start, not tagged as free. No lock, no atomic read-modify-write;
- * every way out is a tail call, so the path saves no registers (about 35 instructions, 5 branches).
+ * every way out is a tail call, so the path saves no registers (about 40 instructions, 5 branches).
  * A page that empties is not retired here: heap_purge finds empty pages on its rounds, and a malloc/free
  * loop that empties its page again and again pays nothing for it. */
 TH_API TH_HOT void th_free(void *p) {

@@ -264,10 +264,10 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
   return page;
 }
 
-/* Every malloc the direct table's pop does not serve: sizes past the table, and a first page whose free
- * list ran dry. The first page of the class usually has a block, or the owner's frees since the last refill
- * on local_free (no lock, no atomic). It makes no call but the tail call to the slow path, so it saves no
- * registers (about 20 instructions). */
+/* Every malloc the direct tables' pop does not serve: huge sizes, and a first page whose free list ran dry.
+ * That page may still hold remote frees collected onto local_free earlier (moved over with no lock, no
+ * atomic). It makes no call but the tail call to the slow path, so it saves no registers (about 20
+ * instructions). */
 TH_HOT void *heap_malloc_queue(th_heap_t *heap, size_t size) {
   if (th_likely(size <= TH_LARGE_MAX)) {
     th_page_t *page = heap->queues[size_class(size)].first;
