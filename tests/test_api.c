@@ -430,6 +430,25 @@ static void test_free_null_and_errno(void) {
   CHECK(errno == 77);
 }
 
+/* An owner's free is LIFO: the next malloc of the same class gets the block just freed, still in cache, at
+ * every size the heap's pages serve (1 B-1 MiB). A block in between, of another class, does not change it. */
+static void test_free_is_lifo(void) {
+  static const size_t sizes[] = {1, 48, 1000, 5000, 40 * KiB, 100 * KiB, 900 * KiB};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    void *keep = th_malloc(sizes[i]); /* the page stays in use, so the free below cannot empty it */
+    void *p = th_malloc(sizes[i]);
+    if (!CHECK(keep != NULL && p != NULL)) continue;
+    memset(p, 0x11, sizes[i]);
+    th_free(p);
+    void *other = th_malloc(sizes[i] * 2 + 100);
+    void *q = th_malloc(sizes[i]);
+    CHECK_MSG(q == p, "a %zu-byte malloc after a free of the same size gave %p, not the freed %p", sizes[i], q, p);
+    th_free(q);
+    th_free(other);
+    th_free(keep);
+  }
+}
+
 /* A huge realloc must move page mappings, not bytes: copying 64 MiB would touch 16384 fresh pages and
  * take as many page faults, while remapping takes a handful. */
 static void test_huge_realloc_no_copy(void) {
@@ -477,6 +496,7 @@ int main(void) {
   test_realloc_contents();
   test_usable_size();
   test_free_null_and_errno();
+  test_free_is_lifo();
   test_huge_realloc_no_copy();
   /* Last: a wrong alignment answer may end the process, and the other results are already in. */
   test_aligned_tiny();
