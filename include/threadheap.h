@@ -85,7 +85,9 @@ typedef struct th_stats_s {
   size_t cache_hits;      /* huge blocks and segments served from the cache */
   size_t cache_misses;    /* huge blocks and segments that had to be mapped */
   size_t huge_allocs;     /* huge blocks allocated, total */
-  size_t remote_frees;    /* frees by a thread that does not own the block, total (counted at collection) */
+  size_t remote_frees;    /* frees by a thread that does not own the block, total (counted at collection;
+                           * each thread adds its count in batches of 1,024, and the rest when it reads
+                           * the counters or its heap is abandoned at exit) */
   size_t heaps_created;   /* thread and explicit heaps created, total */
   size_t heaps_abandoned; /* heaps whose thread exited, total */
   size_t segments_adopted;/* abandoned segments taken over by a live thread, total */

@@ -157,6 +157,8 @@ void stats_committed(long delta);
 void stats_cached(long delta);
 void stats_count(size_t *counter);
 void stats_add_remote(size_t n);
+/* The calling thread's batched counts into the shared counters (th_stats_get and thread exit call it). */
+void stats_flush_thread(void);
 /* THREADHEAP_SHOW_STATS: print the counters at exit (to THREADHEAP_STATS_FILE or stderr). stats_init runs
  * after options_init and prepares that. */
 void stats_init(void);

@@ -117,6 +117,7 @@ static void thread_done(void *arg) {
     }
     heap->segments[k] = NULL;
   }
+  stats_flush_thread();
   stats_count(&th_stats_global.heaps_abandoned);
   atomic_fetch_sub_explicit((_Atomic(size_t) *)&th_stats_global.threads_live, 1, memory_order_relaxed);
   thread_struct_free(heap);
