@@ -117,4 +117,70 @@ static inline void check_read_all(int fd, char *buf, size_t cap, size_t *len) {
   buf[*len] = '\0';
 }
 
+/* ---- cases that must stop the process: each runs in a child */
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+typedef struct check_child_s {
+  int status;      /* from waitpid */
+  char err[4096];  /* what the child wrote on stderr */
+  size_t err_len;
+  char info[512];  /* what the child wrote on its info pipe, when it had one */
+} check_child_t;
+
+/* fn(a, b) in a forked child with stderr captured, no core file, and a 20 s alarm (a hang fails the case
+ * with SIGALRM instead of hanging the test). With info_fd non-NULL the child also gets, in *info_fd, the
+ * write end of a pipe whose text lands in res->info: how the child tells the parent what to expect. */
+static inline void check_run_child(void (*fn)(int, int), int a, int b, int *info_fd, check_child_t *res) {
+  int err_pipe[2], info_pipe[2] = {-1, -1};
+  memset(res, 0, sizeof *res);
+  if (pipe(err_pipe) != 0 || (info_fd && pipe(info_pipe) != 0)) {
+    perror("pipe");
+    exit(2);
+  }
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) {
+    perror("fork");
+    exit(2);
+  }
+  if (pid == 0) {
+    struct rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core); /* the expected aborts should not write core files */
+    alarm(20);
+    close(err_pipe[0]);
+    dup2(err_pipe[1], STDERR_FILENO);
+    close(err_pipe[1]);
+    if (info_fd) {
+      close(info_pipe[0]);
+      *info_fd = info_pipe[1];
+    }
+    fn(a, b);
+    _exit(0); /* the misuse was not caught */
+  }
+  close(err_pipe[1]);
+  if (info_fd) {
+    size_t info_len;
+    close(info_pipe[1]);
+    check_read_all(info_pipe[0], res->info, sizeof res->info, &info_len);
+    close(info_pipe[0]);
+  }
+  check_read_all(err_pipe[0], res->err, sizeof res->err, &res->err_len);
+  close(err_pipe[0]);
+  while (waitpid(pid, &res->status, 0) < 0 && errno == EINTR) {
+  }
+}
+
+/* How a child ended, for a failure message. */
+static inline const char *check_describe(int status, char *buf, size_t cap) {
+  if (WIFSIGNALED(status))
+    snprintf(buf, cap, "killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  else
+    snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
+  return buf;
+}
+
 #endif /* TH_TESTS_CHECK_H */

@@ -143,56 +143,12 @@ static void case_allowed_across_threads(void) {
 
 /* ---- the parent side */
 
-struct result {
-  int status;
-  char err[4096];
-  size_t err_len;
-};
-
-static void run_child(void (*fn)(int, int), int a, int b, struct result *res) {
-  int err_pipe[2];
-  if (pipe(err_pipe) != 0) {
-    perror("pipe");
-    exit(2);
-  }
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid < 0) {
-    perror("fork");
-    exit(2);
-  }
-  if (pid == 0) {
-    struct rlimit no_core = {0, 0};
-    setrlimit(RLIMIT_CORE, &no_core);
-    alarm(20);
-    close(err_pipe[0]);
-    dup2(err_pipe[1], STDERR_FILENO);
-    close(err_pipe[1]);
-    fn(a, b);
-    _exit(0); /* the misuse was not caught */
-  }
-  close(err_pipe[1]);
-  check_read_all(err_pipe[0], res->err, sizeof res->err, &res->err_len);
-  close(err_pipe[0]);
-  while (waitpid(pid, &res->status, 0) < 0 && errno == EINTR) {
-  }
-}
-
-static const char *describe(int status, char *buf, size_t cap) {
-  if (WIFSIGNALED(status))
-    snprintf(buf, cap, "killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
-  else
-    snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
-  return buf;
-}
-
 /* SIGABRT, and stderr is exactly one line that starts "threadheap: " and contains `word`. */
 static void misuse(const char *label, void (*fn)(int, int), int a, int b, const char *word) {
-  struct result res;
-  memset(&res, 0, sizeof res);
-  run_child(fn, a, b, &res);
+  check_child_t res;
+  check_run_child(fn, a, b, NULL, &res);
   char how[128];
-  describe(res.status, how, sizeof how);
+  check_describe(res.status, how, sizeof how);
   printf("%-64s %s", label, res.err_len ? res.err : "(no output)\n");
   CHECK_MSG(WIFSIGNALED(res.status) && WTERMSIG(res.status) == SIGABRT, "%s: child %s; stderr: %s", label, how,
             res.err);
@@ -205,12 +161,11 @@ static void misuse(const char *label, void (*fn)(int, int), int a, int b, const 
 }
 
 static void silent(const char *label, void (*fn)(int, int)) {
-  struct result res;
-  memset(&res, 0, sizeof res);
-  run_child(fn, 0, 0, &res);
+  check_child_t res;
+  check_run_child(fn, 0, 0, NULL, &res);
   char how[128];
   CHECK_MSG(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0, "%s: child %s; stderr: %s", label,
-            describe(res.status, how, sizeof how), res.err);
+            check_describe(res.status, how, sizeof how), res.err);
   CHECK_MSG(res.err_len == 0, "%s: unexpected stderr \"%s\"", label, res.err);
 }
 

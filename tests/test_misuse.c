@@ -228,87 +228,33 @@ static void case_recycled(void) {
 
 /* ---- the parent side */
 
-typedef void (*case_fn)(int, int);
-struct result {
-  int status;
-  char err[4096];
-  size_t err_len;
-  char expected[512];
-};
-
-static void run_child(void (*fn)(int, int), int a, int b, struct result *res) {
-  int err_pipe[2], info_pipe[2];
-  if (pipe(err_pipe) != 0 || pipe(info_pipe) != 0) {
-    perror("pipe");
-    exit(2);
-  }
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid < 0) {
-    perror("fork");
-    exit(2);
-  }
-  if (pid == 0) {
-    struct rlimit no_core = {0, 0};
-    setrlimit(RLIMIT_CORE, &no_core); /* the expected aborts should not write core files */
-    alarm(20);                        /* a hang fails the case (SIGALRM) instead of the whole test */
-    close(err_pipe[0]);
-    close(info_pipe[0]);
-    dup2(err_pipe[1], STDERR_FILENO);
-    close(err_pipe[1]);
-    info_fd = info_pipe[1];
-    fn(a, b);
-    /* The misuse was not caught. */
-    _exit(0);
-  }
-  close(err_pipe[1]);
-  close(info_pipe[1]);
-  size_t info_len;
-  check_read_all(info_pipe[0], res->expected, sizeof res->expected, &info_len);
-  check_read_all(err_pipe[0], res->err, sizeof res->err, &res->err_len);
-  close(info_pipe[0]);
-  close(err_pipe[0]);
-  while (waitpid(pid, &res->status, 0) < 0 && errno == EINTR) {
-  }
-}
-
-static const char *describe(int status, char *buf, size_t cap) {
-  if (WIFSIGNALED(status))
-    snprintf(buf, cap, "killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
-  else
-    snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
-  return buf;
-}
-
 /* Runs one misuse case and checks: SIGABRT; stderr is one line, "threadheap: " + the expected text. */
 static void misuse(const char *label, void (*fn)(int, int), int a, int b) {
-  struct result res;
-  memset(&res, 0, sizeof res);
-  run_child(fn, a, b, &res);
+  check_child_t res;
+  check_run_child(fn, a, b, &info_fd, &res);
   char how[128];
-  describe(res.status, how, sizeof how);
+  check_describe(res.status, how, sizeof how);
   printf("%-60s %s", label, res.err_len ? res.err : "(no output)\n");
   CHECK_MSG(WIFSIGNALED(res.status) && WTERMSIG(res.status) == SIGABRT, "%s: child %s; stderr: %s", label,
             how, res.err);
-  if (!CHECK_MSG(res.expected[0] != '\0', "%s: the child failed before the misuse (%s)", label, how)) return;
+  if (!CHECK_MSG(res.info[0] != '\0', "%s: the child failed before the misuse (%s)", label, how)) return;
   const char *nl = strchr(res.err, '\n');
   CHECK_MSG(res.err_len > 0 && nl == res.err + res.err_len - 1, "%s: stderr is not exactly one line: \"%s\"",
             label, res.err);
   CHECK_MSG(strncmp(res.err, "threadheap: ", 12) == 0, "%s: stderr \"%s\" does not start with \"threadheap: \"",
             label, res.err);
   /* The line carries the expected text: the words, the address as %p prints it, the block and size. */
-  CHECK_MSG(strstr(res.err, res.expected) != NULL, "%s: stderr \"%s\" does not contain \"%s\"", label, res.err,
-            res.expected);
+  CHECK_MSG(strstr(res.err, res.info) != NULL, "%s: stderr \"%s\" does not contain \"%s\"", label, res.err,
+            res.info);
 }
 
 /* Runs a negative control: exit status 0 and nothing on stderr. */
 static void silent(const char *label, void (*fn)(int, int)) {
-  struct result res;
-  memset(&res, 0, sizeof res);
-  run_child(fn, 0, 0, &res);
+  check_child_t res;
+  check_run_child(fn, 0, 0, &info_fd, &res);
   char how[128];
   CHECK_MSG(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0, "%s: child %s; stderr: %s", label,
-            describe(res.status, how, sizeof how), res.err);
+            check_describe(res.status, how, sizeof how), res.err);
   CHECK_MSG(res.err_len == 0, "%s: unexpected stderr \"%s\"", label, res.err);
 }
 
