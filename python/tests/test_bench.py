@@ -131,6 +131,18 @@ def test_sizes_for_large_are_mib():
     assert groups[1][0].args == ["--sizes", "8388608"]
 
 
+def test_random_takes_sizes_as_its_largest_block():
+    # Alone with sizes, random runs once per value and thread count, the size as --max-size.
+    cfg = config(["random", "--threads", "2,4", "--sizes", "2k,64k"])
+    assert [j.args for g in bench.plan_jobs(cfg, ["glibc"]) for j in g] == [
+        ["--threads", "2", "--max-size", "2048"], ["--threads", "2", "--max-size", "65536"],
+        ["--threads", "4", "--max-size", "2048"], ["--threads", "4", "--max-size", "65536"]]
+    # Beside another experiment that takes sizes, the sizes are that one's, and random keeps its default.
+    cfg = config(["contention", "random", "--threads", "4", "--sizes", "64"])
+    groups = bench.plan_jobs(cfg, ["glibc"])
+    assert groups[-1][0].args == ["--threads", "4"]
+
+
 def test_command_line_is_recorded(monkeypatch):
     monkeypatch.delenv("TH_BENCH_COMMAND", raising=False)
     assert bench.command_line(["contention", "--sizes", "16,1k"]) == "threadheap bench contention --sizes 16,1k"

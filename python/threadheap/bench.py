@@ -105,7 +105,8 @@ def build_parser():
     p.add_argument("--allocators", help="comma-separated, default: " + ",".join(ALLOCATORS))
     p.add_argument("--threads", help="thread counts, e.g. 1,2,4 (experiments that take threads)")
     p.add_argument("--sizes", help="block sizes, e.g. 16,1k,64k for contention, threads and pairs; large takes "
-                   "the values from 1m up (e.g. 8m,32m), or plain MiB counts when it runs alone")
+                   "the values from 1m up (e.g. 8m,32m), or plain MiB counts when it runs alone; random, "
+                   "when no other experiment takes sizes, runs once per value as its largest block size")
     p.add_argument("--reps", default="3", help="repetitions (default 3); each cell reports median, min-max")
     p.add_argument("--full", action="store_true", help="the seeds' full run lengths (much longer)")
     p.add_argument("--smoke", action="store_true", help="tiny runs, to check that everything works")
@@ -223,9 +224,12 @@ class Job:
 def sizes_for(exp, sizes, alone, warn=None):
     """The --sizes values an experiment gets. Sizes are bytes, but large's blocks are MiB: it gets the values
     of 1 MiB and up (the workload reads those as bytes), or, when it is the only experiment that takes sizes,
-    the whole list as it is (plain numbers are MiB there). None: the workload's default."""
+    the whole list as it is (plain numbers are MiB there). random takes them, one run each, as its largest
+    block size, and only when it is the one experiment that takes sizes. None: the workload's default."""
     if not exp.sizes or not sizes:
         return None
+    if exp.size_arg != "--sizes":
+        return sizes if alone else None  # one run per size (random's largest size): only when asked alone
     if exp.size_unit != "MiB" or alone:
         return sizes
     big = [s for s in sizes if s >= MIB]
@@ -246,7 +250,7 @@ def plan_jobs(cfg, allocators, warn=None):
         if cfg.full:
             common.append("--full")
         sizes = sizes_for(exp, cfg.sizes, sized == [name], warn)
-        if sizes:
+        if sizes and exp.size_arg == "--sizes":
             common += ["--sizes", ",".join(map(str, sizes))]
         variants = [common]
         linked = exp.linked and "threadheap" in allocators and (Path(cfg.bin_dir) / exp.linked).exists()
@@ -258,6 +262,8 @@ def plan_jobs(cfg, allocators, warn=None):
         elif exp.threads == "each":
             counts = cfg.threads or exp.default_threads or default_thread_counts()
             variants = [common + ["--threads", str(t)] for t in counts]
+        if sizes and exp.size_arg != "--sizes":
+            variants = [v + [exp.size_arg, str(s)] for v in variants for s in sizes]
         for v in variants:
             group = [Job(name, a, v + exp.allocator_args) for a in allocators]
             if exp.os_variant:

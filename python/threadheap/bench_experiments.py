@@ -51,7 +51,8 @@ class Experiment:
     panels: list          # Panel
     threads: str = None   # "list": --threads LIST; "each": one process per thread count; None: not taken
     default_threads: list = None
-    sizes: bool = False   # takes --sizes LIST
+    sizes: bool = False   # takes sizes (--sizes LIST unless size_arg says otherwise)
+    size_arg: str = "--sizes"  # "--sizes": the list in one run; another option: one run per size, given there
     size_unit: str = "bytes"  # "bytes", or "MiB": the workload reads small numbers as MiB (see bench.sizes_for)
     os_variant: list = None  # extra args of a run without any allocator (an OS baseline), or None
     allocator_args: list = field(default_factory=list)  # args of the runs under each allocator
@@ -101,14 +102,15 @@ EXPERIMENTS = {
             threads="list", sizes=True),
         Experiment(
             "random", "random", "Random sizes over a window of live blocks (seed 004, heaptest)",
-            "N threads, 1,000,000 operations each on a window of 1000 blocks of 1..2048 bytes: throughput, "
-            "context switches per second (a locked heap makes threads sleep) and peak RSS.",
+            "N threads, 1,000,000 operations each on a window of 1000 blocks of 1..2048 bytes (--sizes: other "
+            "largest sizes, one run each): throughput, context switches per second (a locked heap makes "
+            "threads sleep) and peak RSS.",
             ["threads", "max_size"],
             [_m("seconds", "seconds"), _m("mops_per_s", "Mops/s", False), _m("vcsw_per_s", "voluntary cs/s"),
              _m("ivcsw_per_s", "involuntary cs/s"), _m("peak_rss_kb", "peak RSS KiB")],
             ["mops_per_s", "vcsw_per_s", "ivcsw_per_s", "peak_rss_kb"],
             [Panel("mops_per_s", x="threads"), Panel("vcsw_per_s", x="threads"), Panel("peak_rss_kb", x="threads")],
-            threads="each", default_threads=None),
+            threads="each", default_threads=None, sizes=True, size_arg="--max-size"),
         Experiment(
             "large", "large", "Hidden costs of large blocks (seed 001)",
             "Blocks of 8-40 MiB, past glibc's largest mmap threshold (32 MiB): untouched alloc+free (what a "
