@@ -12,7 +12,9 @@ $(BUILD)/build.ninja:
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 
 # Every test except the long stress runs (label "stress"), which `make test-stress` runs.
+# The benchmark driver's tests need matplotlib, rich and pytest: bench/venv.sh makes the project's .venv once.
 test: all
+	bash bench/venv.sh
 	ctest --test-dir $(BUILD) --output-on-failure -j 2 -LE stress
 
 test-stress: all

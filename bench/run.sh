@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # bench/run.sh: what `make bench` runs. Sets up what the benchmark driver needs, then runs the default
 # `threadheap bench` (all experiments, all allocators; at most five minutes on two cores).
-#   - a project-local venv .venv with matplotlib, rich and pytest, made once (as root, python3-venv is
-#     installed first when Debian's python3 lacks it);
+#   - the project-local venv .venv with matplotlib, rich and pytest (bench/venv.sh);
 #   - the peer allocators from Debian, installed when running as root, otherwise named and left out.
 # Extra arguments go to `threadheap bench`, e.g. `bash bench/run.sh contention --reps 5`.
 # BUILD (default build) is the CMake build folder with libthreadheap.so and bin/.
@@ -17,14 +16,7 @@ apt_install() {
     { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >&2; }
 }
 
-if ! "$venv/bin/python" -c 'import matplotlib, rich, pytest' 2>/dev/null; then
-  echo "bench/run.sh: setting up $venv (matplotlib, rich, pytest)" >&2
-  if ! python3 -c 'import ensurepip, venv' 2>/dev/null && as_root; then
-    apt_install python3-venv || true
-  fi
-  python3 -m venv "$venv" || { echo "bench/run.sh: cannot make $venv (is python3-venv installed?)" >&2; exit 1; }
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "matplotlib>=3.7" rich pytest
-fi
+bash "$root/bench/venv.sh"
 
 # The peers: Debian package -> the library the driver preloads. ldconfig's list is read once (a pipe into
 # grep -q could end ldconfig with SIGPIPE, which pipefail would count as "missing").
