@@ -217,7 +217,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
     for (th_page_t *page = q->first, *next; page; page = next) {
       next = page->next;
       if (page->free == NULL) {
-        page_collect(page); /* may fill free itself */
+        page_collect(page); /* onto local_free */
         if (page->free == NULL) {
           page->free = page->local_free;
           page->local_free = NULL;

@@ -65,8 +65,8 @@ typedef enum th_delay_e {
 } th_delay_t;
 #define TH_TF_MASK ((uintptr_t)3)
 /* The thread_free word: [63..48] how many blocks the stack holds, [47..4] the top block, [1..0] the state.
- * Keeping the count in the word lets the owner take the stack and its length with one exchange, without
- * walking blocks that another core just wrote. A page holds at most 4,096 blocks, well under 2^16. */
+ * Keeping the count in the word tells the owner whether a page is empty (page_is_empty) without walking
+ * blocks that another core just wrote. A page holds at most 4,096 blocks, well under 2^16. */
 #define TH_TF_COUNT_SHIFT 48
 #define TH_TF_PTR_MASK ((((uintptr_t)1 << TH_TF_COUNT_SHIFT) - 1) & ~TH_TF_MASK)
 
