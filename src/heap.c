@@ -141,8 +141,8 @@ void heap_purge(th_heap_t *heap, bool force) {
   if (!force && now < heap->next_purge_ms) return;
   heap->next_purge_ms = now + (delay / 4 > 10 ? delay / 4 : 10);
   /* Pages emptied by remote frees, in classes this thread no longer allocates, would wait forever: look at
-   * every page. One still in use keeps its remote frees for when it runs dry: collecting them now could
-   * mean walking them, a cache miss per block. */
+   * every page. One still in use keeps its remote frees for when it runs dry: collecting them now would
+   * walk them, a cache miss per block, long before malloc hands them out. */
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
     for (th_page_t *page = heap->queues[c].first, *next; page; page = next) {
       next = page->next;
@@ -218,10 +218,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
       next = page->next;
       if (page->free == NULL) {
         page_collect(page); /* onto local_free */
-        if (page->free == NULL) {
-          page->free = page->local_free;
-          page->local_free = NULL;
-        }
+        page_free_from_local(page);
         if (page->free != NULL) {
           /* blocks freed by the owner or by other threads */
         } else if (page->capacity < page->reserved && page_extend(heap, page)) {
@@ -235,8 +232,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
           continue;
         } else {
           page_collect(page); /* blocks arrived while it was being parked: local_free was empty */
-          page->free = page->local_free;
-          page->local_free = NULL;
+          page_free_from_local(page);
         }
       }
       if (q->first != page) {
@@ -272,10 +268,7 @@ TH_HOT void *heap_malloc_queue(th_heap_t *heap, size_t size) {
   if (th_likely(size <= TH_LARGE_MAX)) {
     th_page_t *page = heap->queues[size_class(size)].first;
     if (th_likely(page != NULL)) {
-      if (page->free == NULL) {
-        page->free = page->local_free;
-        page->local_free = NULL;
-      }
+      if (page->free == NULL) page_free_from_local(page);
       if (th_likely(page->free != NULL)) return page_pop(page);
     }
   }

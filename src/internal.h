@@ -265,6 +265,14 @@ static inline void *page_pop(th_page_t *page) {
   return b;
 }
 
+/* The page's free list ran dry: the remote frees collected onto local_free earlier become the free list.
+ * Owner only; no lock, no atomic. */
+static inline void page_free_from_local(th_page_t *page) {
+  th_assert(page->free == NULL);
+  page->free = page->local_free;
+  page->local_free = NULL;
+}
+
 /* The malloc fast path on a heap (th_malloc on the thread's, th_heap_malloc on an explicit one): a table
  * lookup and a pop, no lock, no atomic (about 12 instructions, two branches, up to 1 KiB; two or four more
  * up to 1 MiB); everything else is a tail call. */

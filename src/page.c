@@ -133,7 +133,8 @@ size_t page_collect(th_page_t *page) {
 
 /* Owner only. Is every block free, counting the remote frees not yet collected? Their number is in the
  * thread_free word, so no block is read: a page in use keeps its remote frees until it runs dry (when
- * collecting costs no walk), and an empty one is freed with its lists dropped (page_discard_free). */
+ * page_collect walks them just before malloc hands them out), and an empty one is freed with its lists
+ * dropped (page_discard_free). */
 bool page_is_empty(const th_page_t *page) {
   return page->used == tf_count(atomic_load_explicit(&page->thread_free, memory_order_relaxed));
 }
