@@ -28,26 +28,19 @@ static inline void free_push_local(th_page_t *page, th_block_t *b) {
   block_poison(b, page->block_size);
 }
 
-/* Every free the owner's fast path does not take. Another thread's block that is a block start of a live
- * page (a free page slot or a huge block has capacity 0 and fails page_is_block) and not tagged free is
- * pushed with one CAS; the rest (NULL, huge blocks, aligned and misused pointers, tagged blocks) go to
- * free_slow, which checks everything. Kept out of th_free so the owner's path stays short. */
-TH_NOINLINE TH_HOT static void free_other(void *p) {
-  uintptr_t region = (uintptr_t)p >> TH_SEGMENT_SHIFT;
-  if (th_likely(region < TH_MAP_ENTRIES &&
-                atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) == 1)) {
-    th_segment_t *seg = (th_segment_t *)(region << TH_SEGMENT_SHIFT);
-    th_page_t *page = segment_page_of(seg, p);
-    th_block_t *b = p;
-    if (th_likely(atomic_load_explicit(&seg->thread_id, memory_order_relaxed) != thread_id() &&
-                  page_is_block(page, p) && b->tag != free_tag(b))) {
-      b->tag = free_tag(b);
-      block_poison(b, page->block_size);
-      page_push_remote(page, b);
-      return;
-    }
+/* A free by a thread that does not own the segment (or of a serialized heap's block, or an abandoned one),
+ * with th_free's segment lookup passed on: a block start of a live page (a free page slot or a huge block has capacity
+ * 0 and fails page_is_block) that is not tagged free is pushed with one CAS; the rest go to free_slow, which
+ * checks everything. Kept out of th_free so the owner's path stays short. */
+TH_NOINLINE TH_HOT static void free_remote(th_segment_t *seg, th_block_t *b) {
+  th_page_t *page = segment_page_of(seg, b);
+  if (th_likely(page_is_block(page, b) && b->tag != free_tag(b))) {
+    b->tag = free_tag(b);
+    block_poison(b, page->block_size);
+    page_push_remote(page, b);
+    return;
   }
-  free_slow(p);
+  free_slow(b);
 }
 
 /* The fast path: owner thread, a block start, not tagged as free. No lock, no atomic read-modify-write;
@@ -61,8 +54,11 @@ TH_API TH_HOT void th_free(void *p) {
     th_segment_t *seg = (th_segment_t *)(region << TH_SEGMENT_SHIFT);
     th_page_t *page = segment_page_of(seg, p);
     th_block_t *b = p;
-    if (th_likely(atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id() &&
-                  page_is_block(page, p) && b->tag != free_tag(b))) {
+    if (th_unlikely(atomic_load_explicit(&seg->thread_id, memory_order_relaxed) != thread_id())) {
+      free_remote(seg, b); /* the page is found there: computing it here costs the owner's path */
+      return;
+    }
+    if (th_likely(page_is_block(page, p) && b->tag != free_tag(b))) {
       free_push_local(page, b);
       /* A page parked as full goes back to its queue; the owner is the thread's default heap or one of
        * its no-serialize explicit heaps. */
@@ -70,7 +66,7 @@ TH_API TH_HOT void th_free(void *p) {
       return;
     }
   }
-  free_other(p);
+  free_slow(p);
 }
 #ifdef TH_OVERRIDE
 /* The standard name is the same function, not a call to it. */

@@ -85,7 +85,7 @@ bool page_is_empty(const th_page_t *page);
 void page_discard_free(th_page_t *page);
 bool page_try_set_full(th_page_t *page);
 void page_clear_delay(th_page_t *page);
-void page_push_remote(th_page_t *page, th_block_t *block);
+void page_push_remote_slow(th_page_t *page, th_block_t *block);
 bool page_list_contains(const th_page_t *page, const th_block_t *block);
 uint8_t *page_area(const th_segment_t *seg, size_t index, size_t *size_out);
 bool page_is_valid(const th_page_t *page);
@@ -219,6 +219,21 @@ static inline th_segment_t *segment_lookup(const void *p) {
 
 static inline th_page_t *segment_page_of(th_segment_t *seg, const void *p) {
   return &seg->pages[((uintptr_t)p - (uintptr_t)seg) >> seg->page_shift];
+}
+
+/* A free by a thread that does not own the page: one CAS when the page is not parked as full (state NORMAL
+ * or NOTIFIED); page_push_remote_slow handles the rest and retries. */
+static inline void page_push_remote(th_page_t *page, th_block_t *block) {
+  uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
+  uintptr_t state = tf & TH_TF_MASK;
+  if (th_likely(state == TH_TF_NORMAL || state == TH_TF_NOTIFIED)) {
+    block->next = (th_block_t *)(tf & TH_TF_PTR_MASK);
+    uintptr_t pushed = ((tf & ~TH_TF_PTR_MASK) + ((uintptr_t)1 << TH_TF_COUNT_SHIFT)) | (uintptr_t)block;
+    if (th_likely(atomic_compare_exchange_strong_explicit(&page->thread_free, &tf, pushed, memory_order_release,
+                                                          memory_order_relaxed)))
+      return;
+  }
+  page_push_remote_slow(page, block);
 }
 
 /* Offset of p from the block that holds it: 0 for a block start. Multiply-shift, no division. */

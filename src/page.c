@@ -1,5 +1,5 @@
 /* page.c: a page of one size class: set-up (page_init), carving (page_extend), and its three free lists,
- * including the lock-free thread_free stack that other threads push onto (page_push_remote). */
+ * including the lock-free thread_free stack that other threads push onto (page_push_remote_slow: the pushes that are not one CAS). */
 #include <string.h>
 
 #include "internal.h"
@@ -178,7 +178,7 @@ void page_clear_delay(th_page_t *page) {
 
 /* A free by a thread that does not own the page: one CAS. The first remote free into a page its owner parked
  * as full also puts the page on the owner heap's ready stack, so the owner finds it without scanning. */
-void page_push_remote(th_page_t *page, th_block_t *block) {
+void page_push_remote_slow(th_page_t *page, th_block_t *block) {
   uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
   for (;;) {
     uintptr_t state = tf_state(tf);

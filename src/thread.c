@@ -14,7 +14,7 @@ uintptr_t th_key;
 static pthread_key_t heap_key;
 static _Atomic(int) init_state; /* 0: not started, 1: running, 2: done */
 
-/* Heap structs are never unmapped: a remote free may still be reading one (see page_push_remote). Unused
+/* Heap structs are never unmapped: a remote free may still be reading one (see page_push_remote_slow). Unused
  * ones wait in a pool for the next thread. */
 static pthread_mutex_t heaps_lock = PTHREAD_MUTEX_INITIALIZER;
 static th_heap_t *heaps_pool;
