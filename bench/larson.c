@@ -16,8 +16,10 @@
 static const char *prog = "larson";
 static long g_ops, g_slots, g_min, g_max;
 
+/* One cache line per thread: the seed is written on every operation, and two threads writing one line would
+ * time the line's trips between cores instead of the allocator. */
 typedef struct {
-  char **slot;
+  _Alignas(64) char **slot;
   uint64_t seed;
 } arena_t;
 
@@ -65,7 +67,8 @@ int main(int argc, char **argv) {
   g_slots = slots;
   g_min = min;
   g_max = max;
-  arena_t *arena = calloc((size_t)nthreads, sizeof *arena);
+  arena_t *arena = aligned_alloc(64, (size_t)nthreads * sizeof *arena);
+  if (arena) memset(arena, 0, (size_t)nthreads * sizeof *arena);
   pthread_t *tid = calloc((size_t)nthreads, sizeof *tid);
   if (!arena || !tid) bench_die(prog, "out of memory");
   /* The main thread fills every array first, so even the first round frees foreign blocks. */
