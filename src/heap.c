@@ -141,8 +141,8 @@ void heap_purge(th_heap_t *heap, bool force) {
   if (!force && now < heap->next_purge_ms) return;
   heap->next_purge_ms = now + (delay / 4 > 10 ? delay / 4 : 10);
   /* Pages emptied by remote frees, in classes this thread no longer allocates, would wait forever: look at
-   * every page. One still in use keeps its remote frees for when it runs dry: collecting them now would
-   * walk them, a cache miss per block, long before malloc hands them out. */
+   * every page. One still in use keeps its remote frees for when it runs dry: collecting them now gains
+   * nothing, and would walk them (a cache miss per block) whenever local_free holds blocks. */
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
     for (th_page_t *page = heap->queues[c].first, *next; page; page = next) {
       next = page->next;

@@ -104,11 +104,13 @@ bool page_extend(th_heap_t *heap, th_page_t *page) {
   return true;
 }
 
-/* Fold the blocks other threads freed into the page's lists. Owner only. Returns how many. The stack is
- * walked on purpose: the thread that freed the blocks wrote them last, and this core is about to hand them
- * out, so reading them here, in one burst, moves their lines over before malloc's callers write to them
- * (bench/xthread, one producer and one consumer: 6.35 against 5.97 Mblocks/s without the walk, medians of
- * 15 interleaved runs). The walk also finds the tail, so the stack joins local_free whatever it holds. */
+/* Fold the blocks other threads freed into the page's lists. Owner only. Returns how many. The stack is not
+ * walked when local_free is empty (the usual case: a page collects when it runs dry): the thread that freed
+ * the blocks wrote them last, and a walk is a chain of cache misses paid in one burst, where popping them one
+ * by one lets each miss overlap the caller's work. Walking on purpose was tried (commit 5364731) and undone:
+ * with larson's harness fixed it cost 2 threads 83 against 98 Mops/s, and xthread's gain from it was gone
+ * once remote frees got shorter (6.29 against 6.45 Mblocks/s without the walk; medians of 9 and 21
+ * interleaved runs). */
 size_t page_collect(th_page_t *page) {
   uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
   if (tf_block(tf) == NULL) return 0;
@@ -118,12 +120,15 @@ size_t page_collect(th_page_t *page) {
   }
   th_block_t *head = tf_block(tf);
   if (head == NULL) return 0;
-  size_t n = tf_count(tf), walked = 1;
-  th_block_t *tail = head;
-  while (tail->next) tail = tail->next, walked++;
-  th_assert(walked == n);
-  (void)walked;
-  tail->next = page->local_free;
+  size_t n = tf_count(tf);
+  if (page->local_free != NULL) { /* the stack goes in front: find its tail */
+    size_t walked = 1;
+    th_block_t *tail = head;
+    while (tail->next) tail = tail->next, walked++;
+    th_assert(walked == n);
+    (void)walked;
+    tail->next = page->local_free;
+  }
   page->local_free = head;
   th_assert(page->used >= n);
   page->used -= (uint32_t)n;
@@ -133,7 +138,7 @@ size_t page_collect(th_page_t *page) {
 
 /* Owner only. Is every block free, counting the remote frees not yet collected? Their number is in the
  * thread_free word, so no block is read: a page in use keeps its remote frees until it runs dry (when
- * page_collect walks them just before malloc hands them out), and an empty one is freed with its lists
+ * page_collect hands them to malloc), and an empty one is freed with its lists
  * dropped (page_discard_free). */
 bool page_is_empty(const th_page_t *page) {
   return page->used == tf_count(atomic_load_explicit(&page->thread_free, memory_order_relaxed));
