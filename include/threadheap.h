@@ -87,7 +87,7 @@ typedef struct th_stats_s {
   size_t huge_allocs;     /* huge blocks allocated, total */
   size_t remote_frees;    /* frees by a thread that does not own the block, total (counted at collection;
                            * each thread adds its count in batches of 1,024, and the rest when it reads
-                           * the counters or its heap is abandoned at exit) */
+                           * the counters or exits) */
   size_t heaps_created;   /* thread and explicit heaps created, total */
   size_t heaps_abandoned; /* heaps whose thread exited, total */
   size_t segments_adopted;/* abandoned segments taken over by a live thread, total */

@@ -126,6 +126,7 @@ extern __thread th_heap_t *th_heap_tls __attribute__((tls_model("initial-exec"))
 extern uintptr_t th_key;
 th_heap_t *thread_heap_init(void);
 bool thread_exited(void);
+void thread_flush_stats_at_exit(void);
 void *thread_late_malloc(size_t size);
 th_heap_t *thread_struct_alloc(void);
 void thread_struct_free(th_heap_t *heap);

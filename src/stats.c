@@ -47,12 +47,13 @@ void stats_count(size_t *counter) { add((_Atomic(size_t) *)counter, 1); }
 /* Remote frees are counted when their page is collected, which a serialized explicit heap does about once
  * per allocation: one shared counter bumped by every thread was 16% of a 4-thread th:private run's profile
  * (perf, cpu-clock). Each thread counts in its own word and adds to the shared one in batches, when it
- * reads the counters, and when its heap is abandoned at exit (a thread that never had a default heap, and
- * collected only explicit heaps' pages, leaves its last batch uncounted). */
+ * reads the counters, and when it exits (thread_done; a thread that never had a default heap is signed up
+ * for that when it starts a batch). */
 #define REMOTE_BATCH 1024
 static __thread size_t remote_pending __attribute__((tls_model("initial-exec")));
 
 void stats_add_remote(size_t n) {
+  if (th_unlikely(remote_pending == 0)) thread_flush_stats_at_exit();
   remote_pending += n;
   if (th_unlikely(remote_pending >= REMOTE_BATCH)) stats_flush_thread();
 }

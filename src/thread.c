@@ -100,8 +100,17 @@ void *thread_late_malloc(size_t size) {
 
 bool thread_exited(void) { return thread_is_done; }
 
+/* A thread without a default heap may still count remote frees, when it collects an explicit heap's pages:
+ * its key gets a value (the empty heap) so that thread_done runs at its exit and adds its last batch. */
+void thread_flush_stats_at_exit(void) {
+  if (th_heap_tls != &th_heap_empty || thread_is_done) return;
+  if (atomic_load_explicit(&init_state, memory_order_acquire) != 2) return;
+  if (pthread_getspecific(heap_key) == NULL) pthread_setspecific(heap_key, &th_heap_empty);
+}
+
 static void thread_done(void *arg) {
   th_heap_t *heap = arg;
+  if (heap == &th_heap_empty) stats_flush_thread(); /* see thread_flush_stats_at_exit */
   if (heap == NULL || heap == &th_heap_empty) return;
   th_heap_tls = &th_heap_empty;
   thread_is_done = true;

@@ -8,7 +8,8 @@
  *  - th_heap_destroy with live blocks, after other threads have freed the blocks handed to them (their
  *    frees may still sit uncollected in the heap's pages);
  *  - th_realloc from another thread: a serialized heap's block stays in its heap (seen through its cap), a
- *    no-serialize heap's block moves to the calling thread's default heap (it outlives the heap).
+ *    no-serialize heap's block moves to the calling thread's default heap (it outlives the heap);
+ *  - the remote frees that a thread without a default heap collects are counted once it exits.
  *
  *   test_heap_threads [--ops N]    operations per thread in the hammer (fewer under ThreadSanitizer)
  */
@@ -344,6 +345,56 @@ static void test_realloc_from_other_thread(void) {
   }
 }
 
+/* ---- remote frees counted by a thread that never had a default heap
+ *
+ * A thread that only allocates from an explicit heap collects that heap's remote frees and counts them in
+ * batches; its last batch must reach the counters when it exits, though it has no heap of its own to abandon.
+ * One thread takes 500 blocks of a serialized heap (one page of 64-byte blocks), the main thread frees them
+ * (every free of a serialized heap's block is remote), and a third thread runs the page dry, which collects
+ * all 500, then exits. */
+
+#define UNCOUNTED_BLOCKS 500
+static th_heap_t *g_uncounted_heap;
+static void *g_uncounted[2 * UNCOUNTED_BLOCKS];
+
+static void *alloc_uncounted(void *argp) {
+  size_t n = *(size_t *)argp;
+  for (size_t i = 0; i < n; i++) {
+    g_uncounted[i] = th_heap_malloc(g_uncounted_heap, 64);
+    if (g_uncounted[i]) memset(g_uncounted[i], (int)(i & 0xff), 64);
+  }
+  return NULL;
+}
+
+static void test_remote_frees_counted_without_default_heap(void) {
+  g_uncounted_heap = th_heap_create(0, 0, 64 * MiB); /* a cap: one shard, so both threads use one page */
+  CHECK(g_uncounted_heap != NULL);
+  if (!g_uncounted_heap) return;
+  size_t n = UNCOUNTED_BLOCKS;
+  run_threads(1, alloc_uncounted, &n, 0);
+  for (size_t i = 0; i < n; i++) {
+    CHECK(g_uncounted[i] != NULL);
+    th_free(g_uncounted[i]);
+  }
+  th_stats_t before, after;
+  th_stats_get(&before);
+  n = 2 * UNCOUNTED_BLOCKS;
+  run_threads(1, alloc_uncounted, &n, 0);
+  th_stats_get(&after);
+  CHECK_MSG(after.remote_frees - before.remote_frees >= UNCOUNTED_BLOCKS,
+            "remote_frees grew by %zu, want at least %d", (size_t)(after.remote_frees - before.remote_frees),
+            UNCOUNTED_BLOCKS);
+  for (size_t i = 0; i < n; i++) {
+    CHECK(g_uncounted[i] != NULL);
+    if (!g_uncounted[i]) continue;
+    unsigned char want = (unsigned char)(i & 0xff), *b = g_uncounted[i];
+    int ok = 1;
+    for (int k = 0; k < 64; k++) ok &= b[k] == want;
+    CHECK_MSG(ok, "block %zu", i);
+  }
+  th_heap_destroy(g_uncounted_heap);
+}
+
 int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--ops") && i + 1 < argc) g_ops = atol(argv[++i]);
@@ -358,5 +409,6 @@ int main(int argc, char **argv) {
   test_destroy_after_remote_frees(0);
   test_destroy_after_remote_frees(TH_HEAP_NO_SERIALIZE);
   test_realloc_from_other_thread();
+  test_remote_frees_counted_without_default_heap();
   return check_summary();
 }
