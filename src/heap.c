@@ -217,8 +217,11 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
     for (th_page_t *page = q->first, *next; page; page = next) {
       next = page->next;
       if (page->free == NULL) {
-        page_collect(page); /* onto local_free */
+        /* Blocks collected earlier (heap_collect_ready) first; the remote stack then joins an empty
+         * local_free, so page_collect need not walk it to find its tail. */
         page_free_from_local(page);
+        page_collect(page);
+        if (page->free == NULL) page_free_from_local(page);
         if (page->free != NULL) {
           /* blocks freed by the owner or by other threads */
         } else if (page->capacity < page->reserved && page_extend(heap, page)) {
