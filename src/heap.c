@@ -133,8 +133,27 @@ static void page_free_empty(th_heap_t *heap, th_page_t *page) {
   segment_page_free(heap, page);
 }
 
+/* A page in use of blocks past TH_SMALL_MAX (each spans whole OS pages) that saw no malloc or free for the
+ * delay has the insides of its free blocks purged, once (page_purge_free_blocks): a heap whose medium blocks
+ * were mostly freed, but not all of any one page, still gives the memory back. `used` and the free list's
+ * head, compared from one round to the next, tell whether anything happened. */
+static void heap_purge_idle_page(th_page_t *page, uint64_t now, uint64_t delay, bool force) {
+  if (segment_of_page(page)->is_pinned) return; /* an explicit heap's initial_size stays committed */
+  if (page->idle_used != page->used || page->idle_free != page->free) {
+    page->idle_used = page->used;
+    page->idle_free = page->free;
+    page->idle_since_ms = now;
+    page->interior_purged = 0;
+    if (!force) return;
+  }
+  if (page->interior_purged || (!force && now - page->idle_since_ms < delay)) return;
+  page_purge_free_blocks(page);
+  page->interior_purged = 1;
+}
+
 /* Return memory unused for the purge delay (everything with force): free page slots are purged, kept empty
- * pages are freed, and the process-wide segment cache is trimmed. Runs on slow paths only. */
+ * pages are freed, the free blocks of idle pages in use are purged inside, and the process-wide segment
+ * cache is trimmed. Runs on slow paths only. */
 void heap_purge(th_heap_t *heap, bool force) {
   uint64_t now = os_now_ms();
   uint64_t delay = (uint64_t)th_options.purge_delay;
@@ -148,6 +167,7 @@ void heap_purge(th_heap_t *heap, bool force) {
       next = page->next;
       if (!page_is_empty(page)) {
         page->free_since_ms = 0; /* in use: the empty clock starts again from the next round */
+        if (page->block_size > TH_SMALL_MAX) heap_purge_idle_page(page, now, delay, force);
         continue;
       }
       if (page != heap->queues[c].first || page->next != NULL || force) {

@@ -38,6 +38,10 @@ void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_id
   page->free = page->local_free = NULL;
   page->class_idx = (uint8_t)class_idx;
   page->in_full = 0;
+  page->idle_free = NULL;
+  page->idle_since_ms = 0;
+  page->idle_used = 0;
+  page->interior_purged = 0;
   __atomic_store_n(&page->has_aligned, 0, __ATOMIC_RELAXED);
   page->committed = 0;
   atomic_store_explicit(&page->thread_free, 0, memory_order_relaxed);
@@ -214,6 +218,22 @@ void page_push_remote_slow(th_page_t *page, th_block_t *block) {
     if (atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, tf_push(tf, block, state),
                                               memory_order_release, memory_order_relaxed))
       return;
+  }
+}
+
+/* Owner only, for a page in use that no malloc or free has touched for the purge delay (heap_purge decides):
+ * the whole OS pages inside its free blocks go back to the OS. A free block keeps its first 16 bytes (next
+ * and tag), so its list and the double-free check are untouched; the rest comes back zeroed when the block
+ * is used again. Blocks still on thread_free are left alone. The page's committed bytes still count them. */
+void page_purge_free_blocks(th_page_t *page) {
+  size_t ps = os_page_size();
+  const th_block_t *lists[2] = {page->free, page->local_free};
+  for (int l = 0; l < 2; l++) {
+    for (const th_block_t *b = lists[l]; b; b = b->next) {
+      uintptr_t lo = align_up((uintptr_t)b + sizeof(th_block_t), ps);
+      uintptr_t hi = ((uintptr_t)b + page->block_size) & ~(uintptr_t)(ps - 1);
+      if (hi > lo) os_purge((void *)lo, hi - lo);
+    }
   }
 }
 

@@ -99,7 +99,13 @@ typedef struct th_page_s {
   struct th_page_s *next, *prev;   /* heap queue, full queue or purge queue */
   struct th_page_s *ready_next;    /* link on heap->ready (pushed by a remote thread) */
   uint64_t free_since_ms;          /* when the page slot went free, for purging */
-  uint8_t pad_to_128[24];           /* a power-of-two size turns the page lookup into a shift */
+  /* heap_purge's view of a page in use of blocks past TH_SMALL_MAX: `used` and `free` at its last round,
+   * since when they have not changed, and whether the insides of its free blocks were purged since. */
+  th_block_t *idle_free;
+  uint64_t idle_since_ms;
+  uint32_t idle_used;
+  uint8_t interior_purged;
+  uint8_t pad_to_128[3];            /* a power-of-two size turns the page lookup into a shift */
 } th_page_t;
 _Static_assert(sizeof(th_page_t) == 128, "th_page_t is 128 bytes");
 
