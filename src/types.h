@@ -13,7 +13,7 @@
  *  block    what malloc returns: at least 16 bytes, 16-byte aligned. A free block holds `next` in its first
  *           word and the double-free tag (th_key ^ address) in its second.
  *  page     a run of memory holding blocks of one size class, with three free lists (free, local_free,
- *           thread_free). Small pages are 64 KiB, medium 512 KiB, a large page is a whole segment.
+ *           thread_free). Small pages are 64 KiB, medium 2 MiB, a large page is a whole segment.
  *  segment  a 4 MiB region, aligned to 4 MiB, owned by one heap, carved into pages of one kind; its header
  *           (th_segment_t) holds the page descriptors. A huge block is a segment of its own, of any multiple
  *           of 4 MiB. The segment map finds the segment of any pointer in O(1).
@@ -25,7 +25,7 @@
 #define TH_SEGMENT_SHIFT 22
 #define TH_SEGMENT_SIZE ((size_t)1 << TH_SEGMENT_SHIFT)
 #define TH_SMALL_PAGE_SHIFT 16  /* 64 KiB pages, blocks up to 8 KiB */
-#define TH_MEDIUM_PAGE_SHIFT 19 /* 512 KiB pages, blocks up to 64 KiB */
+#define TH_MEDIUM_PAGE_SHIFT 21 /* 2 MiB pages, blocks up to 64 KiB (see docs/design.md for why so large) */
 #define TH_SMALL_MAX ((size_t)8 << 10)
 #define TH_MEDIUM_MAX ((size_t)64 << 10)
 #define TH_LARGE_MAX ((size_t)1 << 20) /* the largest block served from heap pages; above it: huge */
