@@ -133,8 +133,8 @@ static void page_free_empty(th_heap_t *heap, th_page_t *page) {
   segment_page_free(heap, page);
 }
 
-/* A page in use of blocks past TH_SMALL_MAX (each spans whole OS pages) that saw no malloc or free for the
- * delay has the insides of its free blocks purged, once (page_purge_free_blocks): a heap whose medium blocks
+/* A page in use of blocks past TH_PURGE_BLOCK_MIN (each spans whole OS pages) that saw no malloc or free for
+ * the delay has the insides of its free blocks purged, once (page_purge_free_blocks): a heap whose medium blocks
  * were mostly freed, but not all of any one page, still gives the memory back. `used` and the free list's
  * head, compared from one round to the next, tell whether anything happened. */
 static void heap_purge_idle_page(th_page_t *page, uint64_t now, uint64_t delay, bool force) {
@@ -167,7 +167,7 @@ void heap_purge(th_heap_t *heap, bool force) {
       next = page->next;
       if (!page_is_empty(page)) {
         page->free_since_ms = 0; /* in use: the empty clock starts again from the next round */
-        if (page->block_size > TH_SMALL_MAX) heap_purge_idle_page(page, now, delay, force);
+        if (page->block_size > TH_PURGE_BLOCK_MIN) heap_purge_idle_page(page, now, delay, force);
         continue;
       }
       if (page != heap->queues[c].first || page->next != NULL || force) {

@@ -1,5 +1,6 @@
 /* page.c: a page of one size class: set-up (page_init), carving (page_extend), and its three free lists,
- * including the lock-free thread_free stack that other threads push onto (page_push_remote_slow: the pushes that are not one CAS). */
+ * including the lock-free thread_free stack that other threads push onto (page_push_remote in internal.h is
+ * the one-CAS push; page_push_remote_slow here, the rest). */
 #include <string.h>
 
 #include "internal.h"

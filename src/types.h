@@ -13,7 +13,8 @@
  *  block    what malloc returns: at least 16 bytes, 16-byte aligned. A free block holds `next` in its first
  *           word and the double-free tag (th_key ^ address) in its second.
  *  page     a run of memory holding blocks of one size class, with three free lists (free, local_free,
- *           thread_free). Small pages are 64 KiB, medium 2 MiB, a large page is a whole segment.
+ *           thread_free). Small pages are 64 KiB (blocks up to 4 KiB), medium 2 MiB (up to 64 KiB), a large
+ *           page is a whole segment.
  *  segment  a 4 MiB region, aligned to 4 MiB, owned by one heap, carved into pages of one kind; its header
  *           (th_segment_t) holds the page descriptors. A huge block is a segment of its own, of any multiple
  *           of 4 MiB. The segment map finds the segment of any pointer in O(1).
@@ -24,9 +25,9 @@
 
 #define TH_SEGMENT_SHIFT 22
 #define TH_SEGMENT_SIZE ((size_t)1 << TH_SEGMENT_SHIFT)
-#define TH_SMALL_PAGE_SHIFT 16  /* 64 KiB pages, blocks up to 8 KiB */
+#define TH_SMALL_PAGE_SHIFT 16  /* 64 KiB pages, blocks up to 4 KiB */
 #define TH_MEDIUM_PAGE_SHIFT 21 /* 2 MiB pages, blocks up to 64 KiB (see docs/design.md for why so large) */
-#define TH_SMALL_MAX ((size_t)8 << 10)
+#define TH_SMALL_MAX ((size_t)4 << 10)  /* past it, blocks come from medium pages (see docs/design.md) */
 #define TH_MEDIUM_MAX ((size_t)64 << 10)
 #define TH_LARGE_MAX ((size_t)1 << 20) /* the largest block served from heap pages; above it: huge */
 #define TH_DIRECT_MAX 1024             /* malloc(n) for n <= this is a table lookup and a pop */
@@ -40,6 +41,7 @@
 #define TH_ADDRESS_BITS 47
 #define TH_MAP_ENTRIES ((size_t)1 << (TH_ADDRESS_BITS - TH_SEGMENT_SHIFT))
 #define TH_EXTEND_BYTES 4096 /* a page is carved this many bytes (or one block) at a time */
+#define TH_PURGE_BLOCK_MIN ((size_t)8 << 10) /* free blocks past this span whole OS pages: see heap_purge */
 
 typedef enum th_kind_e {
   TH_KIND_SMALL = 0,
@@ -99,8 +101,8 @@ typedef struct th_page_s {
   struct th_page_s *next, *prev;   /* heap queue, full queue or purge queue */
   struct th_page_s *ready_next;    /* link on heap->ready (pushed by a remote thread) */
   uint64_t free_since_ms;          /* when the page slot went free, for purging */
-  /* heap_purge's view of a page in use of blocks past TH_SMALL_MAX: `used` and `free` at its last round,
-   * since when they have not changed, and whether the insides of its free blocks were purged since. */
+  /* heap_purge's view of a page in use of blocks past TH_PURGE_BLOCK_MIN: `used` and `free` at its last
+   * round, since when they have not changed, and whether the insides of its free blocks were purged since. */
   th_block_t *idle_free;
   uint64_t idle_since_ms;
   uint32_t idle_used;
