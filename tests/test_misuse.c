@@ -126,6 +126,24 @@ static void case_double_free_shared_page(void) {
   th_free(p);
 }
 
+/* A free medium block whose inside went back to the OS (th_collect purges the free blocks of pages in use)
+ * keeps its first OS page, with the tag: a second free is still caught, and so is one by another thread. */
+static void case_double_free_purged(int by_other) {
+  enum { N = 8 };
+  void *ps[N];
+  for (int i = 0; i < N; i++) {
+    ps[i] = th_malloc(40 * KiB);
+    if (!ps[i]) _exit(91);
+    memset(ps[i], i, 40 * KiB);
+  }
+  void *p = ps[N / 2];
+  expect("double free at %p (size %zu)", p, th_usable_size(p));
+  th_free(p);
+  th_collect();
+  if (by_other) run_on_thread(thread_free, p);
+  else th_free(p);
+}
+
 /* realloc(p, 0) frees p (glibc): a later free of p is a double free. */
 static void case_realloc_zero_then_free(void) {
   void *p = th_malloc(48);
@@ -261,6 +279,7 @@ static void silent(const char *label, void (*fn)(int, int)) {
 static void c_double(int s, int who) { case_double_free(s, who); }
 static void c_shared(int a, int b) { (void)a, (void)b; case_double_free_shared_page(); }
 static void c_rzero(int a, int b) { (void)a, (void)b; case_realloc_zero_then_free(); }
+static void c_purged(int other, int b) { (void)b; case_double_free_purged(other); }
 static void c_freed(int s, int op) { case_freed(s, (enum op)op); }
 static void c_invalid(int k, int op) { case_invalid(k, (enum op)op); }
 static void c_interior(int s, int op) { case_interior(s, (enum op)op); }
@@ -280,6 +299,8 @@ int main(void) {
     }
   misuse("double free of a block among live blocks of its page", c_shared, 0, 0);
   misuse("free after realloc(p, 0)", c_rzero, 0, 0);
+  misuse("double free of a medium block whose inside was purged, by its owner", c_purged, 0, 0);
+  misuse("double free of a medium block whose inside was purged, by another thread", c_purged, 1, 0);
   for (int s = 0; s < 3; s++)
     for (int op = OP_REALLOC; op <= OP_USABLE; op++) {
       snprintf(label, sizeof label, "%s a freed %s block", op_word[op], size_name[s]);
