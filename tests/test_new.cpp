@@ -178,44 +178,38 @@ void throwing_handler() {
   throw std::bad_alloc();
 }
 
+// An impossible request in one of the forms: whether it threw bad_alloc, and what it returned otherwise.
+bool impossible_new_throws(int form, void **out) {
+  *out = reinterpret_cast<void *>(1);
+  try {
+    *out = do_new(form, g_impossible, 64);
+  } catch (const std::bad_alloc &) {
+    return true;
+  }
+  return false;
+}
+
 void test_out_of_memory() {
   for (int form = 0; form < kNewForms; form++) {
     bool nothrow = form == kNothrow || form == kArrayNothrow || form == kAlignedNothrow || form == kArrayAlignedNothrow;
+    void *p;
     // No handler: bad_alloc, or nullptr.
     std::set_new_handler(nullptr);
-    bool threw = false;
-    void *p = reinterpret_cast<void *>(1);
-    try {
-      p = do_new(form, g_impossible, 64);
-    } catch (const std::bad_alloc &) {
-      threw = true;
-    }
+    bool threw = impossible_new_throws(form, &p);
     if (nothrow) CHECK_MSG(!threw && p == nullptr, "%s, no handler: %p", kNewNames[form], p);
     else CHECK_MSG(threw, "%s, no handler: no bad_alloc", kNewNames[form]);
     // A handler that gives up on its third call: called exactly three times, then the same outcome.
     g_handler_calls = 0;
     g_handler_limit = 3;
     std::set_new_handler(counting_handler);
-    threw = false;
-    p = reinterpret_cast<void *>(1);
-    try {
-      p = do_new(form, g_impossible, 64);
-    } catch (const std::bad_alloc &) {
-      threw = true;
-    }
+    threw = impossible_new_throws(form, &p);
     CHECK_MSG(g_handler_calls == 3, "%s: handler called %d times", kNewNames[form], g_handler_calls);
     if (nothrow) CHECK(!threw && p == nullptr);
     else CHECK(threw);
     // A handler that throws: new passes the exception on; nothrow turns it into nullptr.
     g_handler_calls = 0;
     std::set_new_handler(throwing_handler);
-    threw = false;
-    p = reinterpret_cast<void *>(1);
-    try {
-      p = do_new(form, g_impossible, 64);
-    } catch (const std::bad_alloc &) {
-      threw = true;
-    }
+    threw = impossible_new_throws(form, &p);
     CHECK(g_handler_calls == 1);
     if (nothrow) CHECK(!threw && p == nullptr);
     else CHECK(threw);
