@@ -5,12 +5,14 @@
 #include "internal.h"
 #include "os.h"
 
-/* Is p the start of a block the page has carved? Multiply-shift in place of a division. */
+/* Is p the start of a block the page has carved? One multiply and a rotate (see th_page_t.block_inv): the
+ * index it gives is below capacity only for a block start. */
 static inline bool page_is_block(const th_page_t *page, const void *p) {
-  size_t off = (size_t)((const uint8_t *)p - page->start);
-  size_t idx = (size_t)(((uint64_t)off * page->block_magic) >> 44);
+  uint64_t x = (uint64_t)((const uint8_t *)p - page->start) * page->block_inv;
+  unsigned k = page->block_shift;
+  uint64_t idx = (x >> k) | (x << ((64 - k) & 63));
   /* capacity grows under the owner while other threads free: a relaxed atomic load (a plain mov). */
-  return idx < __atomic_load_n(&page->capacity, __ATOMIC_RELAXED) && idx * page->block_size == off;
+  return idx < __atomic_load_n(&page->capacity, __ATOMIC_RELAXED);
 }
 
 static inline uintptr_t free_tag(const void *block) { return th_key ^ (uintptr_t)block; }

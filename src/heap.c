@@ -142,11 +142,11 @@ static void heap_purge_idle_page(th_page_t *page, uint64_t now, uint64_t delay, 
   if (page->idle_used != page->used || page->idle_free != page->free) {
     page->idle_used = page->used;
     page->idle_free = page->free;
-    page->idle_since_ms = now;
+    page->idle_since_ms = (uint32_t)now;
     page->interior_purged = 0;
     if (!force) return;
   }
-  if (page->interior_purged || (!force && now - page->idle_since_ms < delay)) return;
+  if (page->interior_purged || (!force && (uint32_t)now - page->idle_since_ms < delay)) return;
   page_purge_free_blocks(page);
   page->interior_purged = 1;
 }

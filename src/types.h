@@ -88,7 +88,11 @@ typedef struct th_page_s {
   uint32_t capacity;      /* blocks carved so far; the rest of the page is untouched */
   uint32_t reserved;      /* blocks that fit in the page */
   uint32_t block_size;    /* for a huge segment: usable bytes of its one block */
-  uint64_t block_magic;   /* ceil(2^44 / block_size): offset -> block index without a division */
+  /* block_size = d * 2^block_shift with d odd; block_inv = d^-1 mod 2^64. For an offset x from start,
+   * rotate_right(x * block_inv, block_shift) is x / block_size when block_size divides x, and larger than any
+   * block count when it does not (or when x is "negative"): one multiply tells a block start and its index.
+   * Both 0 for a free page slot or a huge block, where the test then fails against capacity 0. */
+  uint64_t block_inv;
   uint8_t *start;         /* first block */
   uint8_t class_idx;      /* 0 for a free page slot or a huge block */
   uint8_t in_use;         /* the page belongs to a heap queue (or is a huge block) */
@@ -96,19 +100,22 @@ typedef struct th_page_s {
   uint8_t has_aligned;    /* some block was handed out at an offset for alignment (tag at p - 8) */
   uint8_t is_purged;      /* page memory was returned to the OS since the page was last used */
   uint8_t purge_pending;  /* the free page is on its heap's purge queue */
+  uint8_t block_shift;
+  uint8_t interior_purged; /* heap_purge returned the insides of the free blocks (see idle_free) */
   uint32_t committed;     /* bytes of this page counted as committed (carved bytes rounded to OS pages) */
   _Atomic(uintptr_t) thread_free;  /* remote frees: a block stack, its length and a state (see TH_TF_*) */
   struct th_page_s *next, *prev;   /* heap queue, full queue or purge queue */
   struct th_page_s *ready_next;    /* link on heap->ready (pushed by a remote thread) */
   uint64_t free_since_ms;          /* when the page slot went free, for purging */
+  uint64_t block_magic;   /* ceil(2^44 / block_size): offset -> block index without a division, for any
+                           * offset (page_block_offset); the fast paths use block_inv */
   /* heap_purge's view of a page in use of blocks past TH_PURGE_BLOCK_MIN: `used` and `free` at its last
-   * round, since when they have not changed, and whether the insides of its free blocks were purged since. */
+   * round, and since when (os_now_ms, modulo 2^32) they have not changed. */
   th_block_t *idle_free;
-  uint64_t idle_since_ms;
   uint32_t idle_used;
-  uint8_t interior_purged;
-  uint8_t pad_to_128[3];            /* a power-of-two size turns the page lookup into a shift */
+  uint32_t idle_since_ms;
 } th_page_t;
+/* 128 bytes: a power-of-two size turns the page lookup into a shift. */
 _Static_assert(sizeof(th_page_t) == 128, "th_page_t is 128 bytes");
 
 typedef struct th_page_queue_s {
