@@ -132,13 +132,18 @@ void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
         return NULL;
       }
       stats_os_unmap(need);  /* the reservation is replaced, not added */
+      /* The old range's map entries go before the move, not after: once the kernel has moved the pages, the
+       * old range is free, and another thread's new segment may be mapped there and enter the map at once;
+       * clearing the entries then would erase that segment's, and its blocks would look foreign. No other
+       * thread looks this block up meanwhile: it is being reallocated. */
+      segment_map_set(seg, old, false);
       if (os_remap(seg, old, need, dest) == NULL) {
+        segment_map_set(seg, old, true);
         os_unmap(dest, need);
         if (owner) owner_link(owner, seg);
         errno = ENOMEM;
         return NULL;
       }
-      segment_map_set(seg, old, false);
       seg = dest;
       segment_map_set(seg, need, true);
       stats_os_map(need - old);
