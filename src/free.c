@@ -103,7 +103,11 @@ static bool next_is_plausible(const th_page_t *page, const th_block_t *b) {
 
 th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, th_page_t **page_out) {
   th_segment_t *seg = segment_lookup(p);
-  if (seg == NULL) report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0);
+  if (seg == NULL) {
+    size_t usable;
+    if (huge_recently_freed(p, &usable)) report_misuse(TH_MISUSE_FREED, op, p, p, usable);
+    report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0);
+  }
   *seg_out = seg;
   if (seg->kind == TH_KIND_HUGE) {
     th_page_t *page = &seg->pages[0];

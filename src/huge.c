@@ -92,9 +92,36 @@ void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
   return p;
 }
 
+/* The last huge blocks freed, for the misuse report only: a freed huge block whose segment was unmapped at
+ * once (no segment cache, THREADHEAP_PURGE_DELAY=0, or a block past THREADHEAP_CACHE_MAX) is no longer in
+ * the segment map, and its second free would otherwise be named an invalid pointer, not a double free.
+ * Writers race only with each other and a reader gets a stale or torn pair at worst: the wording of a
+ * report that stops the process anyway. */
+#define FREED_RING 64
+static _Atomic(uintptr_t) freed_block[FREED_RING];
+static _Atomic(size_t) freed_size[FREED_RING];
+static _Atomic(unsigned) freed_next;
+
+static void huge_remember_freed(const void *p, size_t usable) {
+  unsigned i = atomic_fetch_add_explicit(&freed_next, 1, memory_order_relaxed) % FREED_RING;
+  atomic_store_explicit(&freed_size[i], usable, memory_order_relaxed);
+  atomic_store_explicit(&freed_block[i], (uintptr_t)p, memory_order_relaxed);
+}
+
+bool huge_recently_freed(const void *p, size_t *usable) {
+  for (unsigned i = 0; i < FREED_RING; i++) {
+    if (atomic_load_explicit(&freed_block[i], memory_order_relaxed) == (uintptr_t)p) {
+      *usable = atomic_load_explicit(&freed_size[i], memory_order_relaxed);
+      return true;
+    }
+  }
+  return false;
+}
+
 void huge_free(th_segment_t *seg, const void *p, th_op_t op) {
   if (atomic_exchange_explicit(&seg->huge_live, 0, memory_order_acq_rel) != 1)
     report_misuse(TH_MISUSE_FREED, op, p, p, free_usable_size(&seg->pages[0], p));
+  huge_remember_freed(p, free_usable_size(&seg->pages[0], p));
   th_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
   if (owner) owner_unlink(owner, seg);
   stats_committed(-(long)seg->huge_committed);

@@ -112,6 +112,7 @@ void segment_unlock_all(bool child);
 /* owner: the explicit heap the block belongs to, or NULL for a block of a thread heap */
 void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero);
 void huge_free(th_segment_t *seg, const void *p, th_op_t op);
+bool huge_recently_freed(const void *p, size_t *usable);
 void *huge_realloc(th_segment_t *seg, void *p, size_t size);
 void huge_release_all(th_heap_t *owner);
 void huge_disown(th_segment_t *seg);
