@@ -6,8 +6,10 @@
  * Asserts: every handed-on block still holds its pattern when freed; after every wave of joins the number
  * of live thread heaps is back to where it started (join returns after the thread's destructors ran);
  * and memory stays bounded: committed bytes after 2,000 threads are at most those after 200 threads plus
- * 8 MiB, since an exited thread's pages must be reused rather than piling up (a leak of even one 64 KiB
- * page per thread would add 112 MiB over the last 1,800 threads). */
+ * 16 MiB, since an exited thread's pages must be reused rather than piling up (a leak of even one 64 KiB
+ * page per thread would add 112 MiB over the last 1,800 threads). The level itself moves with timing: with
+ * 2 MiB medium pages the growth was 6.4-8.9 MiB, and the same after 8,000 threads (6.4-7.4 MiB, so it
+ * levels off), which passed an 8 MiB bound only most of the time when the machine was busy. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -188,7 +190,7 @@ int main(void) {
             live_mismatches, THREADS / WAVE, worst_live);
   CHECK(st.threads_live == live0);
   CHECK_MSG(at_early > 0, "committed is 0 while blocks are live");
-  CHECK_MSG(at_end <= at_early + 8 * MiB, "committed grew from %zu KiB to %zu KiB", at_early >> 10,
+  CHECK_MSG(at_end <= at_early + 16 * MiB, "committed grew from %zu KiB to %zu KiB", at_early >> 10,
             at_end >> 10);
   /* Each thread's heap was given up when the thread exited. */
   CHECK_MSG(st.heaps_abandoned >= THREADS, "heaps abandoned: %zu", st.heaps_abandoned);
