@@ -31,9 +31,9 @@ static inline void free_push_local(th_page_t *page, th_block_t *b) {
 }
 
 /* A free by a thread that does not own the segment (or of a serialized heap's block, or an abandoned one),
- * with th_free's segment lookup passed on: a block start of a live page (a free page slot or a huge block has capacity
- * 0 and fails page_is_block) that is not tagged free is pushed with one CAS; the rest go to free_slow, which
- * checks everything. Kept out of th_free so the owner's path stays short. */
+ * with th_free's segment lookup passed on: a block start of a live page (a free page slot or a huge block
+ * has capacity 0 and fails page_is_block) that is not tagged free is pushed with one CAS; the rest go to
+ * free_slow, which checks everything. Kept out of th_free so the owner's path stays short. */
 TH_NOINLINE TH_HOT static void free_remote(th_segment_t *seg, th_block_t *b) {
   th_page_t *page = segment_page_of(seg, b);
   if (th_likely(page_is_block(page, b) && b->tag != free_tag(b))) {

@@ -119,9 +119,10 @@ bool huge_recently_freed(const void *p, size_t *usable) {
 }
 
 void huge_free(th_segment_t *seg, const void *p, th_op_t op) {
+  size_t usable = free_usable_size(&seg->pages[0], p);
   if (atomic_exchange_explicit(&seg->huge_live, 0, memory_order_acq_rel) != 1)
-    report_misuse(TH_MISUSE_FREED, op, p, p, free_usable_size(&seg->pages[0], p));
-  huge_remember_freed(p, free_usable_size(&seg->pages[0], p));
+    report_misuse(TH_MISUSE_FREED, op, p, p, usable);
+  huge_remember_freed(p, usable);
   th_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
   if (owner) owner_unlink(owner, seg);
   stats_committed(-(long)seg->huge_committed);
