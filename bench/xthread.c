@@ -22,30 +22,41 @@ static const char *prog = "xthread";
 static struct {
   char **slot;         /* the ring: capacity is a power of two, enough for live_limit / min_size blocks */
   unsigned long ring;
-  _Alignas(64) _Atomic unsigned long head; /* written by the producer */
-  _Alignas(64) _Atomic unsigned long tail; /* written by the consumer */
-  _Alignas(64) _Atomic long live_bytes;
-  long blocks, live_limit, min_size, max_size;
+  /* Each side writes its own line and reads the other's once per batch or per wait, so the harness adds
+   * no cache-line transfer per block: what crosses between the cores is the blocks and the allocator's own
+   * state. (A shared live-bytes counter, updated with an atomic add by both threads for every block, cost
+   * two line transfers and two full barriers per block and hid the allocators' differences.) */
+  _Alignas(64) _Atomic unsigned long head; /* written by the producer: blocks handed over */
+  _Atomic long made_bytes;                 /* written by the producer: bytes of those blocks */
+  _Alignas(64) _Atomic unsigned long tail; /* written by the consumer, once per batch */
+  _Atomic long freed_bytes;                /* written by the consumer, once per batch */
+  _Alignas(64) long blocks, live_limit, min_size, max_size;
   bench_gate_t gate;
 } q;
 
 static void *producer(void *arg) {
   (void)arg;
   uint64_t seed = 0x243F6A8885A308D3ULL;
-  unsigned long head = 0;
+  unsigned long head = 0, tail = 0;
+  long made = 0, freed = 0;
   bench_gate_wait(&q.gate);
   for (long i = 0; i < q.blocks; i++) {
     size_t size = (size_t)q.min_size + (size_t)(bench_rand(&seed) % (uint64_t)(q.max_size - q.min_size + 1));
-    /* Wait while the ring is full or the live data would pass its limit. */
-    while (head - __atomic_load_n(&q.tail, __ATOMIC_ACQUIRE) >= q.ring ||
-           __atomic_load_n(&q.live_bytes, __ATOMIC_RELAXED) + (long)size > q.live_limit)
-      sched_yield();
+    /* Wait while the ring is full or the live data would pass its limit; the consumer's counts are read
+     * again only then. */
+    while (head - tail >= q.ring || made - freed + (long)size > q.live_limit) {
+      unsigned long t = __atomic_load_n(&q.tail, __ATOMIC_ACQUIRE);
+      long f = __atomic_load_n(&q.freed_bytes, __ATOMIC_RELAXED);
+      if (t == tail && f == freed) sched_yield();
+      tail = t, freed = f;
+    }
     char *p = malloc(size);
     if (!p) bench_die(prog, "malloc failed");
     memcpy(p, &size, sizeof size); /* the block carries its own length to the consumer */
     q.slot[head & (q.ring - 1)] = p;
-    __atomic_fetch_add(&q.live_bytes, (long)size, __ATOMIC_RELAXED);
+    made += (long)size;
     head++;
+    __atomic_store_n(&q.made_bytes, made, __ATOMIC_RELAXED);
     __atomic_store_n(&q.head, head, __ATOMIC_RELEASE);
   }
   return NULL;
@@ -54,6 +65,7 @@ static void *producer(void *arg) {
 static void *consumer(void *arg) {
   (void)arg;
   unsigned long tail = 0;
+  long freed = 0;
   /* The consumer lags on purpose: it waits until the live data is within one block of its limit, then
    * frees a batch of about 1 MiB. So the live data stays at the limit for the whole run and every block
    * is freed long after, and on another thread than, its allocation. */
@@ -61,27 +73,29 @@ static void *consumer(void *arg) {
   bench_gate_wait(&q.gate);
   while (tail < (unsigned long)q.blocks) {
     unsigned long head = __atomic_load_n(&q.head, __ATOMIC_ACQUIRE);
+    long made = __atomic_load_n(&q.made_bytes, __ATOMIC_RELAXED); /* at least the bytes of blocks < head */
     int producer_done = head == (unsigned long)q.blocks;
-    if (head == tail || (!producer_done && __atomic_load_n(&q.live_bytes, __ATOMIC_RELAXED) < high)) {
+    if (head == tail || (!producer_done && made - freed < high)) {
       sched_yield();
       continue;
     }
-    while (tail < head && (producer_done || __atomic_load_n(&q.live_bytes, __ATOMIC_RELAXED) > low)) {
+    while (tail < head && (producer_done || made - freed > low)) {
       char *p = q.slot[tail & (q.ring - 1)];
       size_t size;
       memcpy(&size, p, sizeof size); /* the consumer reads and writes the block, as a real one would */
       p[size - 1] = 1;
       free(p);
-      __atomic_fetch_sub(&q.live_bytes, (long)size, __ATOMIC_RELAXED);
+      freed += (long)size;
       tail++;
     }
+    __atomic_store_n(&q.freed_bytes, freed, __ATOMIC_RELAXED);
     __atomic_store_n(&q.tail, tail, __ATOMIC_RELEASE);
   }
   return NULL;
 }
 
 int main(int argc, char **argv) {
-  long blocks = 2000000, live_mb = 64, min_size = 16, max_size = 1024;
+  long blocks = 5000000, live_mb = 64, min_size = 16, max_size = 1024;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
