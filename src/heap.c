@@ -123,7 +123,17 @@ void heap_free_local(th_heap_t *heap, th_page_t *page) {
     page_collect(page);
     heap_page_insert(heap, page);
   }
-  if (page->used == 0) heap_page_retire(heap, page);
+  if (page_used(page) == 0) heap_page_retire(heap, page);
+}
+
+/* The owner's free count carried (page_count_free). Into a page parked as full: it goes back to its queue.
+ * Otherwise it is the clock's tick, once every 4,096 frees of a page: the purge runs if its time has come,
+ * so that memory freed before a steady state that never leaves the fast paths still goes back after the
+ * purge delay. */
+void heap_free_tick(th_heap_t *heap, th_page_t *page) {
+  th_assert(!page->in_full || page->used_word >> TH_USED_BITS == 0); /* parked: the count was all ones */
+  if (page->in_full) heap_free_local(heap, page);
+  else heap_purge(heap, false);
 }
 
 /* A page of a class queue whose blocks are all free (page_is_empty) goes back to its segment. */
@@ -139,8 +149,10 @@ static void page_free_empty(th_heap_t *heap, th_page_t *page) {
  * head, compared from one round to the next, tell whether anything happened. */
 static void heap_purge_idle_page(th_page_t *page, uint64_t now, uint64_t delay, bool force) {
   if (segment_of_page(page)->is_pinned) return; /* an explicit heap's initial_size stays committed */
-  if (page->idle_used != page->used || page->idle_free != page->free) {
-    page->idle_used = page->used;
+  /* the whole word: its count of the owner's frees tells of a malloc/free pair that left used and free as
+   * they were */
+  if (page->idle_used != page->used_word || page->idle_free != page->free) {
+    page->idle_used = page->used_word;
     page->idle_free = page->free;
     page->idle_since_ms = (uint32_t)now;
     page->interior_purged = 0;
@@ -252,6 +264,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
           heap_queue_remove(heap, q, page);
           queue_push_back(heap, &heap->full, page);
           page->in_full = 1;
+          page->used_word |= ~TH_USED_MASK; /* the owner's next free into it carries (page_count_free) */
           continue;
         } else {
           page_collect(page); /* blocks arrived while it was being parked: local_free was empty */

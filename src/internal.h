@@ -75,6 +75,7 @@ void heap_purge(th_heap_t *heap, bool force);
 void heap_collect_remote(th_heap_t *heap);
 void heap_collect(th_heap_t *heap);
 void heap_free_local(th_heap_t *heap, th_page_t *page);
+void heap_free_tick(th_heap_t *heap, th_page_t *page);
 
 /* ---- page.c */
 void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_idx);
@@ -273,14 +274,29 @@ static inline void block_poison(void *b, size_t size) { (void)b, (void)size; }
 static inline void block_unpoison(void *b, size_t size) { (void)b, (void)size; }
 #endif
 
+static inline uint32_t page_used(const th_page_t *page) { return page->used_word & TH_USED_MASK; }
+
 /* Hand out the first free block of a page that has one: pop, count it used, clear its free tag. */
 static inline void *page_pop(th_page_t *page) {
   th_block_t *b = page->free;
   page->free = b->next;
-  page->used++;
+  page->used_word++;
   b->tag = 0;
   block_unpoison(b, page->block_size);
   return b;
+}
+
+/* One block fewer used by the owner's free, and one more free counted above TH_USED_BITS: true when that
+ * count carries out of the word, once every 4,096 frees of the page (the heap's clock tick). On x86-64 the
+ * add to memory sets the carry flag the test reads; the compiler's own form loads, adds and stores. */
+static inline bool page_count_free(th_page_t *page) {
+  bool carry;
+#if defined(__x86_64__)
+  __asm__("addl %2, %0" : "+m"(page->used_word), "=@ccc"(carry) : "i"(TH_FREE_ADD));
+#else
+  carry = __builtin_add_overflow(page->used_word, TH_FREE_ADD, &page->used_word);
+#endif
+  return carry;
 }
 
 /* The page's free list ran dry: the remote frees collected onto local_free earlier become the free list.

@@ -41,7 +41,7 @@ void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_id
   page->block_shift = (uint8_t)shift;
   page->reserved = (uint32_t)(area_size / bsize);
   __atomic_store_n(&page->capacity, 0, __ATOMIC_RELAXED);
-  page->used = 0;
+  page->used_word = 0;
   page->free = page->local_free = NULL;
   page->class_idx = (uint8_t)class_idx;
   page->in_full = 0;
@@ -143,8 +143,8 @@ size_t page_collect(th_page_t *page) {
     tail->next = page->local_free;
   }
   page->local_free = head;
-  th_assert(page->used >= n);
-  page->used -= (uint32_t)n;
+  th_assert(page_used(page) >= n);
+  page->used_word -= (uint32_t)n;
   stats_add_remote(n);
   return n;
 }
@@ -154,7 +154,7 @@ size_t page_collect(th_page_t *page) {
  * page_collect hands them to malloc), and an empty one is freed with its lists
  * dropped (page_discard_free). */
 bool page_is_empty(const th_page_t *page) {
-  return page->used == tf_count(atomic_load_explicit(&page->thread_free, memory_order_relaxed));
+  return page_used(page) == tf_count(atomic_load_explicit(&page->thread_free, memory_order_relaxed));
 }
 
 /* Owner only, for a page about to be freed whose blocks are all free (page_is_empty): its lists are dropped
@@ -162,8 +162,8 @@ bool page_is_empty(const th_page_t *page) {
 void page_discard_free(th_page_t *page) {
   uintptr_t tf = atomic_exchange_explicit(&page->thread_free, 0, memory_order_acquire);
   size_t n = tf_count(tf);
-  th_assert(page->used == n);
-  page->used = 0;
+  th_assert(page_used(page) == n);
+  page->used_word &= ~TH_USED_MASK;
   page->free = page->local_free = NULL;
   stats_add_remote(n);
 }
@@ -272,5 +272,5 @@ bool page_is_valid(const th_page_t *page) {
   bool ok = page->capacity <= page->reserved && page->block_size >= 16 && page->block_size % 16 == 0;
   size_t nfree = list_length(page, page->free, &ok);
   size_t nlocal = list_length(page, page->local_free, &ok);
-  return ok && page->used + nfree + nlocal == page->capacity;
+  return ok && page_used(page) + nfree + nlocal == page->capacity;
 }

@@ -261,7 +261,7 @@ th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind) {
 
 void segment_page_free(th_heap_t *heap, th_page_t *page) {
   th_segment_t *seg = segment_of_page(page);
-  th_assert(page->in_use && page->used == 0);
+  th_assert(page->in_use && page_used(page) == 0);
   heap->stat.committed -= page->committed;
   stats_committed(-(long)page->committed);
   page->committed = 0;

@@ -42,6 +42,9 @@
 #define TH_MAP_ENTRIES ((size_t)1 << (TH_ADDRESS_BITS - TH_SEGMENT_SHIFT))
 #define TH_EXTEND_BYTES 4096 /* a page is carved this many bytes (or one block) at a time */
 #define TH_PURGE_BLOCK_MIN ((size_t)8 << 10) /* free blocks past this span whole OS pages: see heap_purge */
+#define TH_USED_BITS 20 /* th_page_t.used_word: a page holds at most 4,096 blocks, well under 2^20 */
+#define TH_USED_MASK (((uint32_t)1 << TH_USED_BITS) - 1)
+#define TH_FREE_ADD (((uint32_t)1 << TH_USED_BITS) - 1) /* one fewer used, one more owner free counted */
 
 typedef enum th_kind_e {
   TH_KIND_SMALL = 0,
@@ -77,14 +80,22 @@ typedef struct th_segment_s th_segment_t;
 
 /* Invariants (page_is_valid checks them in debug builds):
  *   capacity <= reserved;   start + reserved * block_size <= page end
- *   used == capacity - |free| - |local_free|   (blocks in thread_free still count as used)
+ *   page_used == capacity - |free| - |local_free|   (blocks in thread_free still count as used)
  *   in_use == 0  =>  the page is in no heap queue, and its lists are empty
  *   in_full == 1 <=> the page is in heap->full, and its thread_free state is FULL, FREEING or NOTIFIED
+ *   in_full == 1  =>  used_word >> TH_USED_BITS is all ones until the owner's next free into the page,
+ *                     which carries (th_free's one test) and unparks it
  * Only the owner thread touches the fields above thread_free; any thread may push onto thread_free. */
 typedef struct th_page_s {
   th_block_t *free;       /* malloc pops from here; the owner's frees push here (LIFO) */
   th_block_t *local_free; /* remote frees collected while free held blocks; moved to free when free runs dry */
-  uint32_t used;
+  /* Low TH_USED_BITS bits: blocks handed out and not freed to free/local_free (page_used reads them). The
+   * bits above count the owner's frees modulo 2^(32 - TH_USED_BITS): such a free adds TH_FREE_ADD (used >= 1,
+   * so that is used - 1 and a carry into the count), and the carry out of the word, once every 4,096 frees,
+   * is the heap's clock tick (heap_free_tick): a thread whose mallocs and frees never leave their fast
+   * paths still purges. Parking a page as full sets the count to all ones, so the same carry test catches
+   * the first free into it. */
+  uint32_t used_word;
   uint32_t capacity;      /* blocks carved so far; the rest of the page is untouched */
   uint32_t reserved;      /* blocks that fit in the page */
   uint32_t block_size;    /* for a huge segment: usable bytes of its one block */
@@ -109,7 +120,7 @@ typedef struct th_page_s {
   uint64_t free_since_ms;          /* when the page slot went free, for purging */
   uint64_t block_magic;   /* ceil(2^44 / block_size): offset -> block index without a division, for any
                            * offset (page_block_offset); the fast paths use block_inv */
-  /* heap_purge's view of a page in use of blocks past TH_PURGE_BLOCK_MIN: `used` and `free` at its last
+  /* heap_purge's view of a page in use of blocks past TH_PURGE_BLOCK_MIN: `used_word` and `free` at its last
    * round, and since when (os_now_ms, modulo 2^32) they have not changed. */
   th_block_t *idle_free;
   uint32_t idle_used;

@@ -4,7 +4,7 @@
  * would, polling its resident memory. It passes when resident memory falls below the pre-burst value plus
  * 48 MiB; the deadline is 10 s, a hundred times the purge delay, so only memory that is never returned
  * fails it. With --fragmented it checks the free blocks of pages still in use instead (see
- * test_fragmented_medium).
+ * test_fragmented_medium); with --steady, a program whose mallocs never leave the fast path (test_steady).
  *
  * Resident memory is RssAnon (/proc/self/status) minus LazyFree (/proc/self/smaps_rollup): pages given
  * back with MADV_FREE stay counted in RssAnon until the kernel needs them, yet they are returned. */
@@ -137,6 +137,50 @@ static void test_fragmented_medium(void **blocks) {
   for (size_t i = 0; i < n; i++) th_free(blocks[i]);
 }
 
+/* --steady: a burst of 128 MiB of 16 B..32 KiB blocks, all freed; then the program only allocates and frees
+ * the same four 64-byte blocks, which never runs a page dry, so malloc never takes its slow path. The pop
+ * count's tick (page_pop) must still run the purge: resident memory must fall below the pre-burst value plus
+ * 16 MiB. Without the tick it stayed at the burst's size (146 MB after 10 s). */
+static void test_steady(void **blocks) {
+  long base = rss_kib();
+  size_t n = 0, bytes = 0;
+  while (bytes < 128 * MiB && n < MAX_BLOCKS) {
+    size_t s = 16 + (size_t)(next_rand() % (32 * KiB));
+    blocks[n] = th_malloc(s);
+    if (!CHECK(blocks[n] != NULL)) break;
+    memset(blocks[n++], 0x5a, s);
+    bytes += s;
+  }
+  long peak = rss_kib();
+  for (size_t i = 0; i < n; i++) th_free(blocks[i]);
+  long limit = base + (long)(16 * MiB / KiB);
+  double t0 = now_s(), t;
+  long rss = rss_kib(), ops = 0, wrong = 0;
+  while ((t = now_s() - t0) < 10.0) {
+    rss = rss_kib();
+    if (rss < limit) break;
+    for (int k = 0; k < 100000; k++) {
+      unsigned char *q[4];
+      for (int j = 0; j < 4; j++) {
+        q[j] = th_malloc(64);
+        memset(q[j], j + 1, 64);
+      }
+      for (int j = 0; j < 4; j++) {
+        wrong += q[j][0] != j + 1 || q[j][63] != j + 1;
+        th_free(q[j]);
+      }
+      ops += 4;
+    }
+  }
+  printf("steady: %zu blocks, %zu MiB; RSS before %ld KiB, at peak %ld KiB, %ld KiB after %.3f s (%ld "
+         "allocations of 64 B meanwhile); limit %ld KiB\n",
+         n, bytes / MiB, base, peak, rss, t, ops, limit);
+  CHECK_MSG(peak - base >= (long)(100 * MiB / KiB), "the burst did not raise RSS (%ld -> %ld KiB)", base, peak);
+  CHECK_MSG(wrong == 0, "%ld of the steady loop's blocks lost their contents", wrong);
+  CHECK_MSG(rss < limit, "RSS %ld KiB is still above %ld KiB (pre-burst %ld KiB + 16 MiB) after %.1f s", rss,
+            limit, base, t);
+}
+
 int main(int argc, char **argv) {
   const char *delay = getenv("THREADHEAP_PURGE_DELAY");
   printf("THREADHEAP_PURGE_DELAY=%s\n", delay ? delay : "(unset)");
@@ -147,8 +191,9 @@ int main(int argc, char **argv) {
   memset(blocks, 0, MAX_BLOCKS * sizeof(void *));
   /* Warm up the steady-state loop's memory too, so the baseline includes what the loop itself keeps. */
   for (int i = 0; i < WORK; i++) work[i] = th_malloc(16 + (size_t)(next_rand() % (48 * KiB)));
-  if (argc > 1 && !strcmp(argv[1], "--fragmented")) {
-    test_fragmented_medium(blocks);
+  if (argc > 1 && (!strcmp(argv[1], "--fragmented") || !strcmp(argv[1], "--steady"))) {
+    if (!strcmp(argv[1], "--steady")) test_steady(blocks);
+    else test_fragmented_medium(blocks);
     for (int i = 0; i < WORK; i++) th_free(work[i]);
     munmap(blocks, MAX_BLOCKS * sizeof(void *));
     return check_summary();
