@@ -89,7 +89,7 @@ TH_NOINLINE void free_slow(void *p) {
     th_heap_t *heap = atomic_load_explicit(&seg->heap, memory_order_relaxed);
     bool tick = free_push_local(page, b);
     if (page_used(page) == 0 || page->in_full) heap_free_local(heap, page);
-    else if (tick) heap_purge(heap, false);
+    else if (tick) heap_free_tick(heap, page);
   } else {
     b->tag = free_tag(b);
     block_poison(b, page->block_size);

@@ -145,12 +145,11 @@ static void page_free_empty(th_heap_t *heap, th_page_t *page) {
 
 /* A page in use of blocks past TH_PURGE_BLOCK_MIN (each spans whole OS pages) that saw no malloc or free for
  * the delay has the insides of its free blocks purged, once (page_purge_free_blocks): a heap whose medium blocks
- * were mostly freed, but not all of any one page, still gives the memory back. `used` and the free list's
- * head, compared from one round to the next, tell whether anything happened. */
+ * were mostly freed, but not all of any one page, still gives the memory back. `used_word` (which counts the
+ * owner's frees too, so a malloc/free pair that leaves `used` and the head as they were still shows) and the
+ * free list's head, compared from one round to the next, tell whether anything happened. */
 static void heap_purge_idle_page(th_page_t *page, uint64_t now, uint64_t delay, bool force) {
   if (segment_of_page(page)->is_pinned) return; /* an explicit heap's initial_size stays committed */
-  /* the whole word: its count of the owner's frees tells of a malloc/free pair that left used and free as
-   * they were */
   if (page->idle_used != page->used_word || page->idle_free != page->free) {
     page->idle_used = page->used_word;
     page->idle_free = page->free;
