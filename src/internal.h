@@ -137,6 +137,8 @@ void process_init(void);
 /* The forking thread, from the end of threadheap's fork prepare handler until its parent or child handler
  * runs; 0 otherwise (see th_lock). */
 extern _Atomic(uintptr_t) thread_fork_owner;
+/* Waits for m unless a fork begins meanwhile (see th_lock_unless_fork); true when m is held. */
+bool thread_lock_wait(pthread_mutex_t *m);
 
 /* ---- options.c */
 typedef struct th_options_s {
@@ -189,6 +191,20 @@ static inline bool th_trylock(pthread_mutex_t *m) {
 static inline void th_unlock(pthread_mutex_t *m) {
   if (th_unlikely(atomic_load_explicit(&thread_fork_owner, memory_order_relaxed) == thread_id())) return;
   pthread_mutex_unlock(m);
+}
+
+/* The locks that malloc, free and realloc of ordinary blocks may take (the segment cache, the abandoned
+ * segments, the heap-struct pool) never make a thread wait while a fork is under way. Any thread may be inside
+ * stdio when it allocates (getline grows its buffer holding the FILE's lock), and glibc's fork takes the stdio
+ * list lock after the atfork prepare handlers, threadheap's among them, have run: a thread waiting here for a
+ * lock the forking thread holds would keep a FILE locked that fflush(NULL) waits for while holding the list
+ * lock that fork waits for. So: false, without the lock, once a fork has begun and the lock is busy; the caller
+ * then does without (maps instead of taking from the cache, unmaps instead of caching, skips a purge or an
+ * adoption), touching only memory no lock guards. Otherwise the lock is held (or skipped, see th_lock). */
+static inline bool th_lock_unless_fork(pthread_mutex_t *m) {
+  if (th_unlikely(atomic_load_explicit(&thread_fork_owner, memory_order_relaxed) == thread_id())) return true;
+  if (th_likely(pthread_mutex_trylock(m) == 0)) return true;
+  return thread_lock_wait(m);
 }
 
 /* Size class of a request: multiples of 16 to 128, then four classes per power of two (worst waste < 25%). */

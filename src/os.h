@@ -2,6 +2,7 @@
 #ifndef TH_OS_H
 #define TH_OS_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -27,6 +28,9 @@ void os_advise_huge(void *p, size_t size);
 /* Grow or shrink a mapping at p. With dest NULL only in place; otherwise it moves onto dest (which the
  * caller reserved). Returns the new address or NULL. */
 void *os_remap(void *p, size_t old_size, size_t new_size, void *dest);
+
+/* Lock m, waiting at most about ms milliseconds; true when it is held. */
+bool os_mutex_lock_timed(pthread_mutex_t *m, unsigned ms);
 
 uint64_t os_now_ms(void);
 uint64_t os_random(void);

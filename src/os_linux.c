@@ -91,6 +91,15 @@ void *os_remap(void *p, size_t old_size, size_t new_size, void *dest) {
   return q == MAP_FAILED ? NULL : q;
 }
 
+bool os_mutex_lock_timed(pthread_mutex_t *m, unsigned ms) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  t.tv_nsec += (long)ms * 1000000L;
+  t.tv_sec += t.tv_nsec / 1000000000L;
+  t.tv_nsec %= 1000000000L;
+  return pthread_mutex_clocklock(m, CLOCK_MONOTONIC, &t) == 0;
+}
+
 uint64_t os_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);

@@ -103,8 +103,24 @@ static struct mallinfo mallinfo_int(void) {
 }
 TH_EXPORT struct mallinfo mallinfo(void) { return mallinfo_int(); }
 
-/* malloc_stats: the counters to stderr, as th_stats_print writes them. */
-TH_EXPORT void malloc_stats(void) { th_stats_print(); }
+/* malloc_stats: the counters to stderr, as th_stats_print writes them, then glibc's summary lines (tools parse
+ * them) from the same numbers: one arena, all of threadheap. Like glibc's, it is no cancellation point: a
+ * thread with a cancellation pending prints everything and is cancelled at its next cancellation point. */
+TH_EXPORT void malloc_stats(void) {
+  int old_state;
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old_state);
+  th_stats_print();
+  th_stats_t s;
+  th_stats_get(&s);
+  char buf[512];
+  int n = snprintf(buf, sizeof buf,
+                   "Arena 0:\nsystem bytes     = %10zu\nin use bytes     = %10zu\n"
+                   "Total (incl. mmap):\nsystem bytes     = %10zu\nin use bytes     = %10zu\n"
+                   "max mmap regions = %10u\nmax mmap bytes   = %10u\n",
+                   s.mapped, s.committed, s.mapped, s.committed, 0u, 0u);
+  if (n > 0) os_write_err(buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+  pthread_setcancelstate(old_state, NULL);
+}
 
 /* malloc_info: the counters as XML, in the shape glibc uses (a <malloc> element of <total> lines). */
 TH_EXPORT int malloc_info(int options, FILE *fp) {

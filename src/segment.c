@@ -10,17 +10,21 @@ _Atomic(uint8_t) th_segment_map[TH_MAP_ENTRIES];
 
 /* The cache keeps free segments committed (newest first) so that a huge block or a new segment of a similar
  * size costs no mmap, no page faults and no kernel zeroing. Entries older than the purge delay, or past the
- * byte cap, are unmapped, always after the lock is released. */
+ * byte cap, are unmapped, always after the lock is released. While a fork is under way the cache is passed
+ * by (th_lock_unless_fork): a take maps, a release unmaps, a purge waits for the next round. */
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static th_segment_t *cache_first;
 static size_t cache_bytes;
 static _Atomic(size_t) cache_count; /* for a lock-free peek: a stale zero only costs a map */
 static _Atomic(uint64_t) cache_next_purge_ms;
 
-/* Abandoned segments, one list per page kind; a thread short of pages adopts from here before mapping. */
+/* Abandoned segments, one list per page kind; a thread short of pages adopts from here before mapping. An
+ * exiting thread pushes its segments on abandoned_incoming without a lock (a thread may exit while another
+ * forks); an adopter, under the lock, moves them to the lists. abandoned_count counts both. */
 static pthread_mutex_t abandoned_lock = PTHREAD_MUTEX_INITIALIZER;
 static th_segment_t *abandoned[TH_KINDS_PAGED];      /* newest first */
 static th_segment_t *abandoned_last[TH_KINDS_PAGED]; /* oldest: adopted first, its blocks most likely freed */
+static _Atomic(th_segment_t *) abandoned_incoming;   /* linked through next, newest first */
 static _Atomic(size_t) abandoned_count;
 
 th_segment_t *segment_lookup_slow(uintptr_t region, uint8_t back) {
@@ -83,7 +87,7 @@ static void unmap_chain(th_segment_t *seg) {
 static th_segment_t *cache_take(size_t size) {
   if (atomic_load_explicit(&cache_count, memory_order_relaxed) == 0) return NULL;
   th_segment_t *found = NULL;
-  th_lock(&cache_lock);
+  if (!th_lock_unless_fork(&cache_lock)) return NULL;
   for (th_segment_t *s = cache_first; s; s = s->next) {
     if (s->size >= size && s->size <= size + size / 4) {
       found = s;
@@ -140,7 +144,10 @@ void segment_release(th_segment_t *seg) {
     return;
   }
   th_segment_t *evict = NULL;
-  th_lock(&cache_lock);
+  if (!th_lock_unless_fork(&cache_lock)) {
+    segment_unmap(seg);
+    return;
+  }
   seg->cached_since_ms = os_now_ms();
   seg->in_cache = 1;
   seg->prev = NULL;
@@ -172,7 +179,7 @@ void segment_cache_purge(bool force) {
   if (!force && (due == 0 || now < due)) return;
   th_segment_t *expired = NULL;
   uint64_t next_due = 0;
-  th_lock(&cache_lock);
+  if (!th_lock_unless_fork(&cache_lock)) return;
   th_segment_t *s = cache_first;
   while (s) {
     th_segment_t *next = s->next;
@@ -303,22 +310,42 @@ void segment_page_free(th_heap_t *heap, th_page_t *page) {
 void segment_abandon(th_segment_t *seg) {
   atomic_store_explicit(&seg->thread_id, 0, memory_order_release);
   atomic_store_explicit(&seg->heap, NULL, memory_order_release);
-  th_lock(&abandoned_lock);
   seg->prev = NULL;
-  seg->next = abandoned[seg->kind];
-  if (seg->next) seg->next->prev = seg;
-  else abandoned_last[seg->kind] = seg;
-  abandoned[seg->kind] = seg;
+  th_segment_t *top = atomic_load_explicit(&abandoned_incoming, memory_order_relaxed);
+  do seg->next = top;
+  while (!atomic_compare_exchange_weak_explicit(&abandoned_incoming, &top, seg, memory_order_release,
+                                                memory_order_relaxed));
   atomic_fetch_add_explicit(&abandoned_count, 1, memory_order_relaxed);
   stats_count(&th_stats_global.segments_waiting);
-  th_unlock(&abandoned_lock);
+}
+
+/* Under abandoned_lock: the segments pushed since the last adoption join the lists, as their newest. */
+static void abandoned_take_incoming(void) {
+  th_segment_t *seg = atomic_exchange_explicit(&abandoned_incoming, NULL, memory_order_acquire);
+  th_segment_t *order = NULL; /* the pushes oldest first, so that each goes to the front in turn */
+  while (seg) {
+    th_segment_t *next = seg->next;
+    seg->next = order;
+    order = seg;
+    seg = next;
+  }
+  while (order) {
+    th_segment_t *next = order->next;
+    order->prev = NULL;
+    order->next = abandoned[order->kind];
+    if (order->next) order->next->prev = order;
+    else abandoned_last[order->kind] = order;
+    abandoned[order->kind] = order;
+    order = next;
+  }
 }
 
 /* Take over an abandoned segment of this kind: its live pages join the heap's queues, its empty pages are
  * freed. False when none is waiting. */
 bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
   if (atomic_load_explicit(&abandoned_count, memory_order_relaxed) == 0) return false;
-  th_lock(&abandoned_lock);
+  if (!th_lock_unless_fork(&abandoned_lock)) return false;
+  abandoned_take_incoming();
   th_segment_t *seg = abandoned_last[kind];
   if (seg) {
     abandoned_last[kind] = seg->prev;

@@ -93,9 +93,13 @@ static size_t stats_format(char *buf, size_t size) {
 
 #define STATS_TEXT_MAX (sizeof(th_stats_t) / sizeof(size_t) * 64)
 
+/* Not a cancellation point (write is one): a thread with a cancellation pending still prints everything. */
 void th_stats_print(void) {
+  int old_state;
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old_state);
   char buf[STATS_TEXT_MAX];
   os_write_err(buf, stats_format(buf, sizeof buf));
+  pthread_setcancelstate(old_state, NULL);
 }
 
 /* Runs from the library's destructor, while other threads may still allocate: it reads the counters and

@@ -15,12 +15,16 @@ static pthread_key_t heap_key;
 static _Atomic(int) init_state; /* 0: not started, 1: running, 2: done */
 
 /* Heap structs are never unmapped: a remote free may still be reading one (see page_push_remote_slow). Unused
- * ones wait in a pool for the next thread. */
+ * ones wait in a pool for the next thread: heaps_pool under heaps_lock, and heaps_returned, a stack that
+ * thread_struct_free pushes on without a lock (so that a thread exiting during a fork does not wait) and that
+ * the next locked thread_struct_alloc takes whole. */
 static pthread_mutex_t heaps_lock = PTHREAD_MUTEX_INITIALIZER;
 static th_heap_t *heaps_pool;
+static _Atomic(th_heap_t *) heaps_returned;
 static uint8_t *heaps_chunk;
 static size_t heaps_chunk_left;
 #define HEAPS_CHUNK_SIZE ((size_t)256 << 10)
+#define HEAP_STRUCT_SIZE align_up(sizeof(th_heap_t), 64)
 
 static void thread_done(void *arg);
 
@@ -39,25 +43,33 @@ void process_init(void) {
 }
 
 th_heap_t *thread_struct_alloc(void) {
-  th_lock(&heaps_lock);
-  th_heap_t *heap = heaps_pool;
-  if (heap) {
-    heaps_pool = heap->next_free;
-  } else if (heaps_chunk_left >= sizeof(th_heap_t)) {
-    heap = (th_heap_t *)heaps_chunk;
-    heaps_chunk += align_up(sizeof(th_heap_t), 64);
-    heaps_chunk_left -= align_up(sizeof(th_heap_t), 64);
+  th_heap_t *heap = NULL;
+  if (th_lock_unless_fork(&heaps_lock)) {
+    if (heaps_pool == NULL)
+      heaps_pool = atomic_exchange_explicit(&heaps_returned, NULL, memory_order_acquire);
+    heap = heaps_pool;
+    if (heap) {
+      heaps_pool = heap->next_free;
+    } else if (heaps_chunk_left >= HEAP_STRUCT_SIZE) {
+      heap = (th_heap_t *)heaps_chunk;
+      heaps_chunk += HEAP_STRUCT_SIZE;
+      heaps_chunk_left -= HEAP_STRUCT_SIZE;
+    }
+    th_unlock(&heaps_lock);
+    if (heap) return heap;
+  } else {
+    /* A fork is under way: a struct of its own mapping, which later joins the pool like any other. */
+    return os_map_aligned(align_up(HEAP_STRUCT_SIZE, os_page_size()), os_page_size());
   }
-  th_unlock(&heaps_lock);
-  if (heap) return heap;
   /* Map outside the lock; a racing thread may map too, and the spare chunk then serves later threads. */
   uint8_t *chunk = os_map_aligned(HEAPS_CHUNK_SIZE, os_page_size());
   if (chunk == NULL) return NULL;
   heap = (th_heap_t *)chunk;
-  th_lock(&heaps_lock);
-  heaps_chunk = chunk + align_up(sizeof(th_heap_t), 64);
-  heaps_chunk_left = HEAPS_CHUNK_SIZE - align_up(sizeof(th_heap_t), 64);
-  th_unlock(&heaps_lock);
+  if (th_lock_unless_fork(&heaps_lock)) {
+    heaps_chunk = chunk + HEAP_STRUCT_SIZE;
+    heaps_chunk_left = HEAPS_CHUNK_SIZE - HEAP_STRUCT_SIZE;
+    th_unlock(&heaps_lock);
+  }
   return heap;
 }
 
@@ -133,19 +145,39 @@ static void thread_done(void *arg) {
 }
 
 void thread_struct_free(th_heap_t *heap) {
-  th_lock(&heaps_lock);
-  heap->next_free = heaps_pool;
-  heaps_pool = heap;
-  th_unlock(&heaps_lock);
+  th_heap_t *top = atomic_load_explicit(&heaps_returned, memory_order_relaxed);
+  do heap->next_free = top;
+  while (!atomic_compare_exchange_weak_explicit(&heaps_returned, &top, heap, memory_order_release,
+                                                memory_order_relaxed));
 }
 
 /* ---- fork: every slow-path lock is taken before fork and released in both processes after it. In the
  * child, other threads' heaps may be half-updated (their owners take no lock), so their segments keep their
- * dead owners' ids: the child never adopts them, and its frees into them are remote pushes. */
+ * dead owners' ids: the child never adopts them, and its frees into them are remote pushes.
+ *
+ * fork_pending counts the forks whose prepare handler has begun and whose parent or child handler has not
+ * run: while it is not zero, threads do not wait for the locks th_lock_unless_fork takes (see there). A fork
+ * from inside the window (a fork handler the program registered before threadheap's, which runs while the
+ * forking thread holds every lock) only counts its depth: the locks stay held for the outer fork. */
 
 _Atomic(uintptr_t) thread_fork_owner;
+static _Atomic(unsigned) fork_pending;
+static unsigned fork_depth; /* nested forks inside the window; only the owner touches it */
+
+bool thread_lock_wait(pthread_mutex_t *m) {
+  /* Woken at least every millisecond to look at fork_pending: a fork that begins while this thread waits
+   * takes the lock next, and the thread must not wait for that. */
+  while (atomic_load_explicit(&fork_pending, memory_order_acquire) == 0)
+    if (os_mutex_lock_timed(m, 1)) return true;
+  return pthread_mutex_trylock(m) == 0;
+}
 
 static void fork_prepare(void) {
+  if (atomic_load_explicit(&thread_fork_owner, memory_order_relaxed) == thread_id()) {
+    fork_depth++;
+    return;
+  }
+  atomic_fetch_add_explicit(&fork_pending, 1, memory_order_acq_rel);
   th_lock(&heaps_lock);
   explicit_lock_all();
   segment_lock_all();
@@ -153,17 +185,27 @@ static void fork_prepare(void) {
 }
 
 static void fork_parent(void) {
+  if (fork_depth > 0) {
+    fork_depth--;
+    return;
+  }
   atomic_store_explicit(&thread_fork_owner, 0, memory_order_relaxed);
   segment_unlock_all(false);
   explicit_unlock_all(false);
   th_unlock(&heaps_lock);
+  atomic_fetch_sub_explicit(&fork_pending, 1, memory_order_acq_rel);
 }
 
 static void fork_child(void) {
+  if (fork_depth > 0) {
+    fork_depth--;
+    return;
+  }
   atomic_store_explicit(&thread_fork_owner, 0, memory_order_relaxed);
   segment_unlock_all(true);
   explicit_unlock_all(true);
   pthread_mutex_init(&heaps_lock, NULL);
+  atomic_store_explicit(&fork_pending, 0, memory_order_relaxed);
 }
 
 /* Runs once libc is ready: options are read here and never earlier, and the fork handlers are registered

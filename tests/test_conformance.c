@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -499,6 +500,49 @@ static void test_trim_and_info(void) {
   }
 }
 
+/* ---- malloc_stats (both allocators): glibc's summary lines, and no cancellation point */
+
+static int stats_pipe[2];
+static volatile int stats_returned;
+
+static void *stats_with_cancel_pending(void *arg) {
+  (void)arg;
+  pthread_setcanceltype(PTHREAD_CANCEL_DEFERRED, NULL);
+  pthread_cancel(pthread_self()); /* pending: acted on at the next cancellation point */
+  malloc_stats();
+  stats_returned = 1;
+  pthread_testcancel();
+  return NULL;
+}
+
+static void test_malloc_stats(void) {
+  fflush(stderr);
+  if (!CHECK(pipe(stats_pipe) == 0)) return;
+  int saved = dup(STDERR_FILENO);
+  dup2(stats_pipe[1], STDERR_FILENO);
+  pthread_t t;
+  void *result = NULL;
+  int made = pthread_create(&t, NULL, stats_with_cancel_pending, NULL) == 0;
+  if (made) pthread_join(t, &result);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  close(stats_pipe[1]);
+  char buf[8192];
+  size_t len = 0;
+  ssize_t r;
+  while (len < sizeof buf - 1 && (r = read(stats_pipe[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t)r;
+  buf[len] = '\0';
+  close(stats_pipe[0]);
+  CHECK(made);
+  CHECK_MSG(stats_returned == 1 && result == PTHREAD_CANCELED,
+            "malloc_stats with a cancellation pending: returned %d, thread %s", stats_returned,
+            result == PTHREAD_CANCELED ? "cancelled" : "not cancelled");
+  static const char *lines[] = {"Arena 0:\n", "\nsystem bytes     = ", "\nin use bytes     = ",
+                                "\nTotal (incl. mmap):\n", "\nmax mmap regions = ", "\nmax mmap bytes   = "};
+  for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++)
+    CHECK_MSG(strstr(buf, lines[i]) != NULL, "malloc_stats lacks \"%s\": wrote \"%.300s\"", lines[i], buf);
+}
+
 /* malloc_usable_size and realloc of memory threadheap never returned stop the process with one line. */
 static void test_foreign(void) {
   static char global_buf[64];
@@ -556,6 +600,7 @@ int main(int argc, char **argv) {
   test_errno();
   test_mallopt_info();
   test_rlimit();
+  test_malloc_stats(); /* after test_rlimit: glibc keeps the thread's arena, which would change its counts */
   if (with_threadheap) {
     test_trim_and_info();
     test_foreign();
