@@ -93,10 +93,22 @@ typedef struct th_stats_s {
   size_t segments_adopted;/* abandoned segments taken over by a live thread, total */
   size_t threads_live;    /* thread heaps in use now */
   size_t segments_waiting;/* abandoned segments not yet adopted, now */
+  size_t os_calls;        /* system calls that mapped, unmapped or advised memory, total */
+  size_t os_call_ns;      /* time spent inside them, ns, total */
+  /* Where the memory threadheap holds goes, computed when read (a walk of every segment's header), as
+   * RSS attribution: the first five are resident, `purged` is address space that is not. Their sum is
+   * `mapped` plus the touched part of the segment map (in `metadata`). in_use is exact while no other
+   * thread allocates or frees, and close otherwise. */
+  size_t in_use;          /* bytes in blocks the program holds (size-class sizes; huge blocks to their end page) */
+  size_t free_in_pages;   /* committed bytes of free blocks in pages in use: fragmentation */
+  size_t empty_pages;     /* page slots with no block, still committed, waiting for the purge delay */
+  size_t metadata;        /* segment headers and page descriptors, heap structs, the segment map */
+  size_t purged;          /* mapped but not resident: returned to the OS, or never touched */
+  size_t in_use_peak;     /* the highest in_use any read has seen */
 } th_stats_t;
 
 TH_API void th_stats_get(th_stats_t *out);
-/* Print the counters to stderr, one per line. */
+/* Print where the memory goes (a table) and the counters to stderr. */
 TH_API void th_stats_print(void);
 
 #ifdef __cplusplus

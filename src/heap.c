@@ -167,6 +167,7 @@ static void heap_purge_idle_page(th_page_t *page, uint64_t now, uint64_t delay, 
  * cache is trimmed. Runs on slow paths only. */
 void heap_purge(th_heap_t *heap, bool force) {
   uint64_t now = os_now_ms();
+  export_tick(now); /* the live export rides on the same clock */
   uint64_t delay = (uint64_t)th_options.purge_delay;
   if (!force && now < heap->next_purge_ms) return;
   heap->next_purge_ms = now + (delay / 4 > 10 ? delay / 4 : 10);

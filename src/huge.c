@@ -81,6 +81,7 @@ void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
   page->start = p;
   page->in_use = 1;
   seg->huge_committed = huge_committed(seg, p, size);
+  seg->huge_size = size;
   atomic_store_explicit(&seg->huge_live, 1, memory_order_release);
   stats_committed((long)seg->huge_committed);
   stats_count(&th_stats_global.huge_allocs);
@@ -181,6 +182,7 @@ void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
   p = (uint8_t *)seg + offset;
   seg->pages[0].start = p;
   seg->huge_committed = new_committed;
+  seg->huge_size = size;
   stats_committed((long)seg->huge_committed - committed_before);
   if (owner) owner_link(owner, seg);
   return p;

@@ -108,6 +108,8 @@ void segment_abandon(th_segment_t *seg);
 bool segment_try_adopt(th_heap_t *heap, th_kind_t kind);
 void segment_lock_all(void);
 void segment_unlock_all(bool child);
+/* Map entries [lo, hi) hold every segment ever mapped (lo > hi before the first). */
+void segment_map_range(size_t *lo, size_t *hi);
 
 /* ---- huge.c */
 /* owner: the explicit heap the block belongs to, or NULL for a block of a thread heap */
@@ -134,11 +136,25 @@ void *thread_late_malloc(size_t size);
 th_heap_t *thread_struct_alloc(void);
 void thread_struct_free(th_heap_t *heap);
 void process_init(void);
+size_t thread_struct_bytes(void);
 /* The forking thread, from the end of threadheap's fork prepare handler until its parent or child handler
  * runs; 0 otherwise (see th_lock). */
 extern _Atomic(uintptr_t) thread_fork_owner;
 /* Waits for m unless a fork begins meanwhile (see th_lock_unless_fork); true when m is held. */
 bool thread_lock_wait(pthread_mutex_t *m);
+
+/* ---- attribution.c */
+/* Fill out's attribution fields (in_use ... purged) from a walk of every segment; mapped and cached must be
+ * set already. */
+void attribution_compute(th_stats_t *out);
+
+/* ---- export.c */
+/* THREADHEAP_STATS_INTERVAL: publish the counters if the interval has passed (slow paths call it). */
+void export_tick(uint64_t now_ms);
+/* At exit: remove the file. In a forked child: forget the parent's file. */
+void export_done(void);
+void export_fork_child(void);
+extern _Atomic(uint64_t) export_next_ms;
 
 /* ---- options.c */
 typedef struct th_options_s {
@@ -149,6 +165,7 @@ typedef struct th_options_s {
   long huge_pages;   /* THREADHEAP_HUGE_PAGES */
   long stats_pid;    /* THREADHEAP_STATS_PID: only this process prints the counters at exit; 0: any */
   const char *stats_file; /* THREADHEAP_STATS_FILE: where the counters go at exit; NULL: stderr */
+  long stats_interval; /* THREADHEAP_STATS_INTERVAL, ms: publish the counters this often (0: never) */
 } th_options_t;
 extern th_options_t th_options;
 void options_init(void);
@@ -159,6 +176,7 @@ void options_verbose(const char *fmt, ...) __attribute__((format(printf, 1, 2)))
 void stats_os_map(size_t size);
 void stats_os_unmap(size_t size);
 void stats_os_purge(size_t size);
+void stats_os_call(uint64_t ns);
 void stats_committed(long delta);
 void stats_cached(long delta);
 void stats_count(size_t *counter);
@@ -170,6 +188,7 @@ void stats_flush_thread(void);
 void stats_init(void);
 void stats_print_at_exit(void);
 extern th_stats_t th_stats_global;
+extern const char *const stats_names[]; /* th_stats_t's fields, in order */
 
 /* ---- shared inline helpers */
 

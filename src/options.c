@@ -17,6 +17,7 @@ th_options_t th_options = {
     .verbose = 0,
     .huge_pages = 0,
     .stats_pid = 0,
+    .stats_interval = 0,
     .stats_file = NULL,
 };
 
@@ -36,6 +37,7 @@ static const option_desc_t option_table[] = {
     {"THREADHEAP_HUGE_PAGES", &th_options.huge_pages, 0, 1, false, NULL},
     {"THREADHEAP_STATS_PID", &th_options.stats_pid, 0, 1L << 31, false, NULL},
     {"THREADHEAP_STATS_FILE", NULL, 0, 0, false, &th_options.stats_file},
+    {"THREADHEAP_STATS_INTERVAL", &th_options.stats_interval, 0, 3600L * 1000, false, NULL},
 };
 
 /* Copies of the text options: the program may later rewrite its environment (setproctitle does). */

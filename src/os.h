@@ -47,6 +47,15 @@ void os_keep_stderr(void);
 void os_write_err_late(const char *s, size_t n);
 /* The calling process's id. */
 long os_process_id(void);
+/* Copy n bytes at src into dst without faulting when src is not mapped (any more): the bytes copied, fewer
+ * than n (0 on failure) where the range ends in unmapped memory. For reading segments that other threads may
+ * unmap meanwhile (the attribution walk). */
+size_t os_read_self(void *dst, const void *src, size_t n);
+uint64_t os_realtime_ns(void);
+/* The live export's file: created (0600, replacing a dead process's file of the same name) and mapped
+ * shared, size bytes; NULL on failure. */
+void *os_export_open(const char *path, size_t size);
+void os_export_remove(const char *path);
 _Noreturn void os_abort(void);
 
 #endif

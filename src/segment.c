@@ -37,9 +37,27 @@ th_segment_t *segment_lookup_slow(uintptr_t region, uint8_t back) {
   return (th_segment_t *)((region - (back - 1)) << TH_SEGMENT_SHIFT);
 }
 
+/* The range of map entries ever set: the attribution walk reads only these. */
+static _Atomic(size_t) map_lo = TH_MAP_ENTRIES, map_hi;
+
+void segment_map_range(size_t *lo, size_t *hi) {
+  *lo = atomic_load_explicit(&map_lo, memory_order_relaxed);
+  *hi = atomic_load_explicit(&map_hi, memory_order_relaxed);
+}
+
 void segment_map_set(th_segment_t *seg, size_t size, bool mapped) {
   uintptr_t first = (uintptr_t)seg >> TH_SEGMENT_SHIFT;
   size_t n = size >> TH_SEGMENT_SHIFT;
+  if (mapped) {
+    size_t lo = atomic_load_explicit(&map_lo, memory_order_relaxed);
+    while (first < lo && !atomic_compare_exchange_weak_explicit(&map_lo, &lo, first, memory_order_relaxed,
+                                                                memory_order_relaxed)) {
+    }
+    size_t hi = atomic_load_explicit(&map_hi, memory_order_relaxed);
+    while (first + n > hi && !atomic_compare_exchange_weak_explicit(&map_hi, &hi, first + n, memory_order_relaxed,
+                                                                    memory_order_relaxed)) {
+    }
+  }
   for (size_t i = 0; i < n; i++) {
     /* Past 254 regions an entry says 255: "look again 254 regions back". */
     uint8_t v = !mapped ? 0 : i < 254 ? (uint8_t)(i + 1) : 255;

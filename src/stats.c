@@ -64,6 +64,19 @@ void stats_flush_thread(void) {
   remote_pending = 0;
 }
 
+const char *const stats_names[] = {
+    "committed", "committed_peak", "mapped", "cached", "os_maps", "os_unmaps", "os_purges",
+    "purged_bytes", "cache_hits", "cache_misses", "huge_allocs", "remote_frees", "heaps_created",
+    "heaps_abandoned", "segments_adopted", "threads_live", "segments_waiting", "os_calls", "os_call_ns",
+    "in_use", "free_in_pages", "empty_pages", "metadata", "purged", "in_use_peak"};
+_Static_assert(sizeof stats_names / sizeof stats_names[0] == sizeof(th_stats_t) / sizeof(size_t),
+               "a name per counter");
+
+void stats_os_call(uint64_t ns) {
+  add(COUNTER(os_calls), 1);
+  add(COUNTER(os_call_ns), (long)ns);
+}
+
 void th_stats_get(th_stats_t *out) {
   if (out == NULL) return;
   stats_flush_thread();
@@ -71,27 +84,45 @@ void th_stats_get(th_stats_t *out) {
   _Atomic(size_t) *src = (_Atomic(size_t) *)&th_stats_global;
   for (size_t i = 0; i < sizeof(th_stats_t) / sizeof(size_t); i++)
     dst[i] = atomic_load_explicit(&src[i], memory_order_relaxed);
+  attribution_compute(out);
+  size_t peak = atomic_load_explicit(COUNTER(in_use_peak), memory_order_relaxed);
+  while (out->in_use > peak && !atomic_compare_exchange_weak_explicit(COUNTER(in_use_peak), &peak, out->in_use,
+                                                                       memory_order_relaxed, memory_order_relaxed)) {
+  }
+  out->in_use_peak = out->in_use > peak ? out->in_use : peak;
 }
 
-/* th_stats_print's lines, "threadheap: <name> <value>", into buf; returns their length. */
+/* th_stats_print's text into buf, its length returned: where the memory goes, as a table with a share of
+ * the resident total for each part, then every counter as "threadheap: <name> <value>". */
 static size_t stats_format(char *buf, size_t size) {
   th_stats_t s;
   th_stats_get(&s);
-  static const char *names[] = {
-      "committed", "committed_peak", "mapped", "cached", "os_maps", "os_unmaps", "os_purges",
-      "purged_bytes", "cache_hits", "cache_misses", "huge_allocs", "remote_frees", "heaps_created",
-      "heaps_abandoned", "segments_adopted", "threads_live", "segments_waiting"};
-  _Static_assert(sizeof names / sizeof names[0] == sizeof(th_stats_t) / sizeof(size_t), "a name per counter");
-  const size_t *v = (const size_t *)&s;
+  const char *const *names = stats_names;
   size_t n = 0;
-  for (size_t i = 0; i < sizeof names / sizeof names[0] && n < size; i++) {
-    int w = snprintf(buf + n, size - n, "threadheap: %-17s %zu\n", names[i], v[i]);
-    if (w > 0) n += (size_t)w < size - n ? (size_t)w : size - n - 1;
-  }
+#define EMIT(...)                                                          \
+  do {                                                                     \
+    int w_ = n < size ? snprintf(buf + n, size - n, __VA_ARGS__) : 0;      \
+    if (w_ > 0) n += (size_t)w_ < size - n ? (size_t)w_ : size - n - 1;    \
+  } while (0)
+  const char *part[] = {"in use by the program", "free in pages in use", "empty pages", "cached",
+                        "metadata"};
+  size_t bytes[] = {s.in_use, s.free_in_pages, s.empty_pages, s.cached, s.metadata};
+  size_t resident = 0;
+  for (size_t i = 0; i < 5; i++) resident += bytes[i];
+  EMIT("threadheap: where the memory goes            MiB   share\n");
+  for (size_t i = 0; i < 5; i++)
+    EMIT("threadheap:   %-26s %10.1f  %5.1f%%\n", part[i], (double)bytes[i] / 1048576.0,
+         resident ? 100.0 * (double)bytes[i] / (double)resident : 0.0);
+  EMIT("threadheap:   %-26s %10.1f\n", "resident, total", (double)resident / 1048576.0);
+  EMIT("threadheap:   %-26s %10.1f\n", "mapped, not resident", (double)s.purged / 1048576.0);
+  const size_t *v = (const size_t *)&s;
+  for (size_t i = 0; i < sizeof(th_stats_t) / sizeof(size_t); i++)
+    EMIT("threadheap: %-17s %zu\n", names[i], v[i]);
+#undef EMIT
   return n;
 }
 
-#define STATS_TEXT_MAX (sizeof(th_stats_t) / sizeof(size_t) * 64)
+#define STATS_TEXT_MAX 4096
 
 /* Not a cancellation point (write is one): a thread with a cancellation pending still prints everything. */
 void th_stats_print(void) {

@@ -25,6 +25,11 @@ static uint8_t *heaps_chunk;
 static size_t heaps_chunk_left;
 #define HEAPS_CHUNK_SIZE ((size_t)256 << 10)
 #define HEAP_STRUCT_SIZE align_up(sizeof(th_heap_t), 64)
+static _Atomic(size_t) heaps_made; /* structs carved or mapped, ever (never unmapped): metadata */
+
+size_t thread_struct_bytes(void) {
+  return atomic_load_explicit(&heaps_made, memory_order_relaxed) * HEAP_STRUCT_SIZE;
+}
 
 static void thread_done(void *arg);
 
@@ -51,6 +56,7 @@ th_heap_t *thread_struct_alloc(void) {
     if (heap) {
       heaps_pool = heap->next_free;
     } else if (heaps_chunk_left >= HEAP_STRUCT_SIZE) {
+      atomic_fetch_add_explicit(&heaps_made, 1, memory_order_relaxed);
       heap = (th_heap_t *)heaps_chunk;
       heaps_chunk += HEAP_STRUCT_SIZE;
       heaps_chunk_left -= HEAP_STRUCT_SIZE;
@@ -59,11 +65,13 @@ th_heap_t *thread_struct_alloc(void) {
     if (heap) return heap;
   } else {
     /* A fork is under way: a struct of its own mapping, which later joins the pool like any other. */
+    atomic_fetch_add_explicit(&heaps_made, 1, memory_order_relaxed);
     return os_map_aligned(align_up(HEAP_STRUCT_SIZE, os_page_size()), os_page_size());
   }
   /* Map outside the lock; a racing thread may map too, and the spare chunk then serves later threads. */
   uint8_t *chunk = os_map_aligned(HEAPS_CHUNK_SIZE, os_page_size());
   if (chunk == NULL) return NULL;
+  atomic_fetch_add_explicit(&heaps_made, 1, memory_order_relaxed);
   heap = (th_heap_t *)chunk;
   if (th_lock_unless_fork(&heaps_lock)) {
     heaps_chunk = chunk + HEAP_STRUCT_SIZE;
@@ -206,6 +214,7 @@ static void fork_child(void) {
   explicit_unlock_all(true);
   pthread_mutex_init(&heaps_lock, NULL);
   atomic_store_explicit(&fork_pending, 0, memory_order_relaxed);
+  export_fork_child();
 }
 
 /* Runs once libc is ready: options are read here and never earlier, and the fork handlers are registered
@@ -218,7 +227,10 @@ __attribute__((constructor(101))) static void library_init(void) {
 }
 
 /* Runs at exit, after the program's own destructors and atexit handlers; it only reads the counters. */
-__attribute__((destructor)) static void library_done(void) { stats_print_at_exit(); }
+__attribute__((destructor)) static void library_done(void) {
+  stats_print_at_exit();
+  export_done();
+}
 
 void th_collect(void) {
   th_heap_t *heap = th_heap_tls;

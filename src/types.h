@@ -154,6 +154,7 @@ struct th_segment_s {
   uint64_t cached_since_ms;
   _Atomic(int) huge_live;    /* huge: 1 while the block is allocated; the exchange to 0 catches double frees */
   size_t huge_committed;     /* huge: bytes from the segment start to the block's end, in OS pages */
+  size_t huge_size;          /* huge: the size asked for (the attribution's in_use) */
   _Alignas(128) th_page_t pages[]; /* page_count descriptors, each on two whole cache lines */
 };
 

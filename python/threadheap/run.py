@@ -103,10 +103,12 @@ def find_program(name):
 
 
 def preload_env(lib, extra=None):
-    """The environment for the program: the library ahead of any existing LD_PRELOAD."""
+    """The environment for the program: the library ahead of any existing LD_PRELOAD, and the live export on
+    (every second, unless THREADHEAP_STATS_INTERVAL is set), so that `threadheap top` sees its counters."""
     env = dict(os.environ)
     old = env.get("LD_PRELOAD", "").strip()
     env["LD_PRELOAD"] = lib + (":" + old if old else "")
+    env.setdefault("THREADHEAP_STATS_INTERVAL", "1000")
     env.update(extra or {})
     return env
 

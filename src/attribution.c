@@ -1,0 +1,102 @@
+/* attribution.c: where the memory threadheap holds goes (attribution_compute): in blocks the program holds,
+ * in free blocks of pages in use, in empty page slots, in the cache, in metadata, or not resident at all.
+ *
+ * Nothing on the fast paths counts this: it is computed when read, from the page descriptors every segment
+ * header already keeps (a page's used count, its thread_free count, its committed bytes). The walk visits
+ * the map entries of segment starts; other threads may unmap or reuse a segment meanwhile, so each header
+ * is copied with os_read_self, which fails instead of faulting on memory gone, and what is copied is
+ * checked for sense before it counts. A segment reused during the walk reads as whichever state the copy
+ * caught; the owner threads' concurrent mallocs and frees make the numbers of their pages a moment old. */
+#include <string.h>
+
+#include "internal.h"
+#include "os.h"
+
+/* Header and descriptors of the largest paged segment: 64 small pages. */
+#define WALK_PAGES_MAX (TH_SEGMENT_SIZE >> TH_SMALL_PAGE_SHIFT)
+typedef struct walk_buf_s {
+  th_segment_t seg;
+  th_page_t pages[WALK_PAGES_MAX];
+} walk_buf_t;
+
+static size_t pages_of_kind(unsigned kind) {
+  return kind == TH_KIND_SMALL ? WALK_PAGES_MAX
+       : kind == TH_KIND_MEDIUM ? TH_SEGMENT_SIZE >> TH_MEDIUM_PAGE_SHIFT : 1;
+}
+
+/* Blocks of a page in use that the program holds: handed out and not freed, less those freed by other
+ * threads and waiting on thread_free (used counts them until collected). */
+static size_t page_live_blocks(const th_page_t *page) {
+  uint32_t used = page->used_word & TH_USED_MASK;
+  size_t remote = (size_t)(atomic_load_explicit(&page->thread_free, memory_order_relaxed) >> TH_TF_COUNT_SHIFT);
+  return used > remote ? used - remote : 0;
+}
+
+static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out) {
+  size_t ps = os_page_size();
+  size_t head = offsetof(th_segment_t, pages);
+  if (os_read_self(&b->seg, at, head + sizeof(th_page_t)) != head + sizeof(th_page_t)) return;
+  const th_segment_t *seg = &b->seg;
+  if (seg->kind > TH_KIND_HUGE || seg->size == 0 || seg->size % TH_SEGMENT_SIZE != 0 || seg->in_cache) return;
+  if (seg->kind == TH_KIND_HUGE) {
+    const th_page_t *page = &b->pages[0];
+    size_t offset = (size_t)(page->start - (const uint8_t *)at);
+    if (atomic_load_explicit(&seg->huge_live, memory_order_relaxed) != 1 || offset >= seg->size ||
+        seg->huge_committed < offset || seg->huge_committed > seg->size)
+      return;
+    if (seg->huge_size > seg->huge_committed - offset) return;
+    /* The header shares the block's first OS page; the rest of the block's last page is slack. */
+    out->metadata += offset < ps ? 0 : align_up(offset, ps) - ps;
+    out->in_use += seg->huge_size;
+    out->free_in_pages += seg->huge_committed - offset - seg->huge_size;
+    return;
+  }
+  size_t n = pages_of_kind(seg->kind);
+  if (seg->page_count != n) return;
+  if (n > 1 && os_read_self(&b->pages[1], &at->pages[1], (n - 1) * sizeof(th_page_t)) != (n - 1) * sizeof(th_page_t))
+    return;
+  size_t header = segment_header_size(n);
+  /* The header's last OS page is shared with page 0's first blocks: metadata counts it, page 0 does not. */
+  size_t shared = align_up(header, ps) - (header & ~(ps - 1));
+  out->metadata += align_up(header, ps);
+  for (size_t i = 0; i < n; i++) {
+    const th_page_t *page = &b->pages[i];
+    size_t skip = i == 0 ? shared : 0;
+    if (!page->in_use) {
+      /* An estimate: a slot not purged since its last use is counted whole, carved or not. */
+      size_t slot = ((size_t)1 << seg->page_shift) - (i == 0 ? align_up(header, ps) : 0);
+      if (!page->is_purged) out->empty_pages += slot;
+      continue;
+    }
+    if (page->block_size == 0 || page->capacity > page->reserved) continue;
+    size_t live_blocks = page_live_blocks(page);
+    size_t live = live_blocks * page->block_size;
+    size_t committed = page->committed > skip ? page->committed - skip : 0;
+    if (page->interior_purged && page->block_size > ps && page->capacity > live_blocks) {
+      /* Each free block kept only its first OS page (page_purge_free_blocks). */
+      size_t gone = (page->capacity - live_blocks) * (align_up(page->block_size, ps) - ps);
+      committed = committed > gone ? committed - gone : 0;
+    }
+    out->in_use += live;
+    out->free_in_pages += committed > live ? committed - live : 0;
+  }
+}
+
+void attribution_compute(th_stats_t *out) {
+  out->in_use = out->free_in_pages = out->empty_pages = out->metadata = out->purged = 0;
+  size_t lo, hi;
+  segment_map_range(&lo, &hi);
+  walk_buf_t b;
+  for (size_t i = lo; i < hi && i < TH_MAP_ENTRIES; i++) {
+    if (atomic_load_explicit(&th_segment_map[i], memory_order_relaxed) != 1) continue;
+    walk_segment((const th_segment_t *)(i << TH_SEGMENT_SHIFT), &b, out);
+  }
+  size_t ps = os_page_size();
+  size_t map_bytes = hi > lo ? align_up(hi, ps) - (lo & ~(ps - 1)) : 0;
+  size_t structs = thread_struct_bytes();
+  out->metadata += structs;
+  size_t resident = out->in_use + out->free_in_pages + out->empty_pages + out->cached + out->metadata;
+  /* Everything else that is mapped is not resident; the segment map is in metadata but not in mapped. */
+  out->metadata += map_bytes;
+  out->purged = out->mapped > resident ? out->mapped - resident : 0;
+}
