@@ -105,6 +105,13 @@ typedef struct th_stats_s {
   size_t metadata;        /* segment headers and page descriptors, heap structs, the segment map */
   size_t purged;          /* mapped but not resident: returned to the OS, or never touched */
   size_t in_use_peak;     /* the highest in_use any read has seen */
+  /* Blocks and bytes allocated and freed since start, computed when read like the attribution (no counter on
+   * the fast paths). Bytes are size-class sizes (huge blocks: the size asked for); a realloc of a huge block
+   * counts as a free and an allocation. fresh: handed out from memory new from the OS (each of its pages
+   * costs the program a first-touch fault and kernel zeroing); reused: from memory already touched. */
+  size_t allocs, frees, alloc_bytes, free_bytes, fresh_bytes, reused_bytes;
+  /* The same per size range: [0] small (up to 4 KiB), [1] medium (to 64 KiB), [2] large (to 1 MiB), [3] huge. */
+  size_t range_allocs[4], range_frees[4], range_alloc_bytes[4], range_free_bytes[4], range_fresh_bytes[4];
 } th_stats_t;
 
 TH_API void th_stats_get(th_stats_t *out);

@@ -12,6 +12,34 @@
 #include "internal.h"
 #include "os.h"
 
+/* Flows of heaps that have ended (attribution_fold) and of huge blocks: [0] allocated, [1] freed. */
+static _Atomic(uint64_t) done_frees[TH_CLASS_COUNT], done_fresh[TH_CLASS_COUNT];
+static _Atomic(uint64_t) huge_blocks[2], huge_bytes[2], huge_fresh;
+
+static void add(_Atomic(uint64_t) *c, uint64_t n) { atomic_fetch_add_explicit(c, n, memory_order_relaxed); }
+static uint64_t get(_Atomic(uint64_t) *c) { return atomic_load_explicit(c, memory_order_relaxed); }
+
+void attribution_fold(th_heap_t *heap) {
+  for (size_t c = 0; c < TH_CLASS_COUNT; c++) {
+    add(&done_frees[c], get(&heap->flow.frees[c]));
+    add(&done_fresh[c], get(&heap->flow.fresh[c]));
+    atomic_store_explicit(&heap->flow.frees[c], 0, memory_order_relaxed);
+    atomic_store_explicit(&heap->flow.fresh[c], 0, memory_order_relaxed);
+  }
+}
+
+void attribution_huge(bool alloc, size_t size, bool fresh) {
+  add(&huge_blocks[!alloc], 1);
+  add(&huge_bytes[!alloc], size);
+  if (alloc && fresh) add(&huge_fresh, size);
+}
+
+/* What the walk adds to the folded flows, per class: a live page's allocations not yet folded (used and its
+ * owner-free count) and its frees not yet folded (the owner-free count and the remote frees pending). */
+typedef struct walk_flow_s {
+  uint64_t allocs[TH_CLASS_COUNT], frees[TH_CLASS_COUNT];
+} walk_flow_t;
+
 /* Header and descriptors of the largest paged segment: 64 small pages. */
 #define WALK_PAGES_MAX (TH_SEGMENT_SIZE >> TH_SMALL_PAGE_SHIFT)
 typedef struct walk_buf_s {
@@ -32,7 +60,7 @@ static size_t page_live_blocks(const th_page_t *page) {
   return used > remote ? used - remote : 0;
 }
 
-static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out) {
+static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out, walk_flow_t *flow) {
   size_t ps = os_page_size();
   size_t head = offsetof(th_segment_t, pages);
   if (os_read_self(&b->seg, at, head + sizeof(th_page_t)) != head + sizeof(th_page_t)) return;
@@ -68,8 +96,14 @@ static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out)
       if (!page->is_purged) out->empty_pages += slot;
       continue;
     }
-    if (page->block_size == 0 || page->capacity > page->reserved) continue;
+    if (page->block_size == 0 || page->capacity > page->reserved || page->class_idx == 0 ||
+        page->class_idx >= TH_CLASS_COUNT)
+      continue;
     size_t live_blocks = page_live_blocks(page);
+    uint32_t owner_frees = page->in_full ? 0 : page_owner_frees(page);
+    size_t remote = (size_t)(atomic_load_explicit(&page->thread_free, memory_order_relaxed) >> TH_TF_COUNT_SHIFT);
+    flow->allocs[page->class_idx] += page_used(page) + owner_frees;
+    flow->frees[page->class_idx] += owner_frees + remote;
     size_t live = live_blocks * page->block_size;
     size_t committed = page->committed > skip ? page->committed - skip : 0;
     if (page->interior_purged && page->block_size > ps && page->capacity > live_blocks) {
@@ -82,15 +116,61 @@ static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out)
   }
 }
 
+/* Allocations and frees per class: the folded flows (every heap struct's, and those of heaps that ended)
+ * plus what the walk found in live pages; then per range, with the huge blocks. */
+static void flow_compute(th_stats_t *out, walk_flow_t *flow) {
+  uint64_t frees[TH_CLASS_COUNT], fresh[TH_CLASS_COUNT];
+  for (size_t c = 0; c < TH_CLASS_COUNT; c++) {
+    frees[c] = get(&done_frees[c]);
+    fresh[c] = get(&done_fresh[c]);
+  }
+  for (th_heap_t *h = thread_heaps_all(); h; h = h->all_next)
+    for (size_t c = 0; c < TH_CLASS_COUNT; c++) {
+      frees[c] += get(&h->flow.frees[c]);
+      fresh[c] += get(&h->flow.fresh[c]);
+    }
+  memset(out->range_allocs, 0, sizeof out->range_allocs);
+  memset(out->range_frees, 0, sizeof out->range_frees);
+  memset(out->range_alloc_bytes, 0, sizeof out->range_alloc_bytes);
+  memset(out->range_free_bytes, 0, sizeof out->range_free_bytes);
+  memset(out->range_fresh_bytes, 0, sizeof out->range_fresh_bytes);
+  for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
+    size_t r = class_kind(c), size = class_size(c);
+    uint64_t allocs = frees[c] + flow->allocs[c], freed = frees[c] + flow->frees[c];
+    out->range_allocs[r] += allocs;
+    out->range_frees[r] += freed;
+    out->range_alloc_bytes[r] += allocs * size;
+    out->range_free_bytes[r] += freed * size;
+    out->range_fresh_bytes[r] += fresh[c];
+  }
+  out->range_allocs[TH_KIND_HUGE] = get(&huge_blocks[0]);
+  out->range_frees[TH_KIND_HUGE] = get(&huge_blocks[1]);
+  out->range_alloc_bytes[TH_KIND_HUGE] = get(&huge_bytes[0]);
+  out->range_free_bytes[TH_KIND_HUGE] = get(&huge_bytes[1]);
+  out->range_fresh_bytes[TH_KIND_HUGE] = get(&huge_fresh);
+  out->allocs = out->frees = out->alloc_bytes = out->free_bytes = out->fresh_bytes = 0;
+  for (size_t r = 0; r < 4; r++) {
+    out->allocs += out->range_allocs[r];
+    out->frees += out->range_frees[r];
+    out->alloc_bytes += out->range_alloc_bytes[r];
+    out->free_bytes += out->range_free_bytes[r];
+    out->fresh_bytes += out->range_fresh_bytes[r];
+  }
+  out->reused_bytes = out->alloc_bytes > out->fresh_bytes ? out->alloc_bytes - out->fresh_bytes : 0;
+}
+
 void attribution_compute(th_stats_t *out) {
   out->in_use = out->free_in_pages = out->empty_pages = out->metadata = out->purged = 0;
   size_t lo, hi;
   segment_map_range(&lo, &hi);
   walk_buf_t b;
+  walk_flow_t flow;
+  memset(&flow, 0, sizeof flow);
   for (size_t i = lo; i < hi && i < TH_MAP_ENTRIES; i++) {
     if (atomic_load_explicit(&th_segment_map[i], memory_order_relaxed) != 1) continue;
-    walk_segment((const th_segment_t *)(i << TH_SEGMENT_SHIFT), &b, out);
+    walk_segment((const th_segment_t *)(i << TH_SEGMENT_SHIFT), &b, out, &flow);
   }
+  flow_compute(out, &flow);
   size_t ps = os_page_size();
   size_t map_bytes = hi > lo ? align_up(hi, ps) - (lo & ~(ps - 1)) : 0;
   size_t structs = thread_struct_bytes();

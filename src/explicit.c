@@ -130,8 +130,13 @@ TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max
 
 /* Every page of the segment forgets its blocks, so that a stale pointer into it reads as invalid, and the
  * segment goes to the cache (or the OS). */
-static void segment_discard(th_segment_t *seg) {
-  for (size_t i = 0; i < seg->page_count; i++) page_forget(&seg->pages[i]);
+static void segment_discard(th_heap_t *heap, th_segment_t *seg) {
+  for (size_t i = 0; i < seg->page_count; i++) {
+    th_page_t *page = &seg->pages[i];
+    if (page->in_use && page->class_idx != 0) /* every block left is freed with the heap */
+      heap_count_frees(heap, page->class_idx, (page->in_full ? 0 : page_owner_frees(page)) + page_used(page));
+    page_forget(page);
+  }
   seg->used_pages = 0;
   seg->is_pinned = 0;
   seg->next = seg->prev = NULL;
@@ -159,13 +164,13 @@ static void destroy_one(th_heap_t *heap) {
   for (size_t k = 0; k < TH_KINDS_PAGED; k++) {
     for (th_segment_t *seg = heap->segments[k], *next; seg; seg = next) {
       next = seg->next;
-      segment_discard(seg);
+      segment_discard(heap, seg);
     }
     heap->segments[k] = NULL;
   }
   for (th_segment_t *seg = heap->reserve, *next; seg; seg = next) {
     next = seg->next;
-    segment_discard(seg);
+    segment_discard(heap, seg);
   }
   heap->reserve = NULL;
   huge_release_all(heap);
@@ -176,6 +181,7 @@ static void destroy_one(th_heap_t *heap) {
   pthread_mutex_destroy(&heap->huge_lock);
   heap->flags = 0;
   heap->parent = NULL;
+  attribution_fold(heap);
   thread_struct_free(heap);
 }
 

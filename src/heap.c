@@ -14,7 +14,7 @@ th_heap_t th_heap_empty = {.direct = {[0 ... TH_DIRECT_SLOTS - 1] = &th_page_emp
                             .direct_large = {[0 ... TH_DIRECT_LARGE_SLOTS - 1] = &th_page_empty}};
 
 void heap_init(th_heap_t *heap) {
-  memset(heap, 0, sizeof *heap);
+  memset(heap, 0, offsetof(th_heap_t, flow)); /* flow and all_next stay (see th_heap_t) */
   for (size_t i = 0; i < TH_DIRECT_SLOTS; i++) heap->direct[i] = &th_page_empty;
   for (size_t i = 0; i < TH_DIRECT_MEDIUM_SLOTS; i++) heap->direct_medium[i] = &th_page_empty;
   for (size_t i = 0; i < TH_DIRECT_LARGE_SLOTS; i++) heap->direct_large[i] = &th_page_empty;
@@ -86,6 +86,16 @@ void heap_page_insert(th_heap_t *heap, th_page_t *page) {
   queue_push_back(heap, &heap->queues[page->class_idx], page);
 }
 
+/* A page parked as full goes back to its queue with its remote frees. Its owner-free count was folded into
+ * the flow when it was parked and set to all ones: it starts again from 0. */
+static void heap_unpark(th_heap_t *heap, th_page_t *page) {
+  heap_queue_remove(heap, &heap->full, page);
+  page_clear_delay(page);
+  page->used_word &= TH_USED_MASK;
+  page_collect(page);
+  heap_page_insert(heap, page);
+}
+
 /* Pages that other threads freed into while they sat in the full queue go back to their class queue.
  * Called before any page is parked as full or retired, so that no page is on ready twice or after it is
  * freed (see page_push_remote_slow). */
@@ -94,12 +104,7 @@ void heap_collect_ready(th_heap_t *heap) {
   th_page_t *page = atomic_exchange_explicit(&heap->ready, NULL, memory_order_acquire);
   while (page) {
     th_page_t *next = page->ready_next;
-    if (page->in_full) {
-      heap_queue_remove(heap, &heap->full, page);
-      page_clear_delay(page);
-      page_collect(page);
-      heap_page_insert(heap, page);
-    }
+    if (page->in_full) heap_unpark(heap, page);
     page = next;
   }
 }
@@ -117,12 +122,7 @@ void heap_page_retire(th_heap_t *heap, th_page_t *page) {
 /* The slow half of a free by the owner: the page was parked as full, or it became empty. */
 void heap_free_local(th_heap_t *heap, th_page_t *page) {
   heap_collect_ready(heap);
-  if (page->in_full) {
-    heap_queue_remove(heap, &heap->full, page);
-    page_clear_delay(page);
-    page_collect(page);
-    heap_page_insert(heap, page);
-  }
+  if (page->in_full) heap_unpark(heap, page);
   if (page_used(page) == 0) heap_page_retire(heap, page);
 }
 
@@ -132,8 +132,13 @@ void heap_free_local(th_heap_t *heap, th_page_t *page) {
  * purge delay. */
 void heap_free_tick(th_heap_t *heap, th_page_t *page) {
   th_assert(!page->in_full || page->used_word >> TH_USED_BITS == 0); /* parked: the count was all ones */
-  if (page->in_full) heap_free_local(heap, page);
-  else heap_purge(heap, false);
+  if (page->in_full) {
+    heap_count_frees(heap, page->class_idx, 1); /* the one free that carried out of the all-ones count */
+    heap_free_local(heap, page);
+  } else {
+    heap_count_frees(heap, page->class_idx, (uint64_t)1 << (32 - TH_USED_BITS));
+    heap_purge(heap, false);
+  }
 }
 
 /* A page of a class queue whose blocks are all free (page_is_empty) goes back to its segment. */
@@ -264,6 +269,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
           heap_queue_remove(heap, q, page);
           queue_push_back(heap, &heap->full, page);
           page->in_full = 1;
+          heap_count_frees(heap, c, page_owner_frees(page));
           page->used_word |= ~TH_USED_MASK; /* the owner's next free into it carries (page_count_free) */
           continue;
         } else {

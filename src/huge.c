@@ -85,6 +85,7 @@ void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
   atomic_store_explicit(&seg->huge_live, 1, memory_order_release);
   stats_committed((long)seg->huge_committed);
   stats_count(&th_stats_global.huge_allocs);
+  attribution_huge(true, size, seg->is_zero);
   if (owner) {
     atomic_store_explicit(&seg->heap, owner, memory_order_relaxed);
     owner_link(owner, seg);
@@ -127,6 +128,7 @@ void huge_free(th_segment_t *seg, const void *p, th_op_t op) {
   th_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
   if (owner) owner_unlink(owner, seg);
   stats_committed(-(long)seg->huge_committed);
+  attribution_huge(false, seg->huge_size, false);
   seg->is_zero = 0;
   segment_release(seg);
 }
@@ -182,6 +184,8 @@ void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
   p = (uint8_t *)seg + offset;
   seg->pages[0].start = p;
   seg->huge_committed = new_committed;
+  attribution_huge(false, seg->huge_size, false); /* a realloc counts as a free and an allocation */
+  attribution_huge(true, size, false);
   seg->huge_size = size;
   stats_committed((long)seg->huge_committed - committed_before);
   if (owner) owner_link(owner, seg);
@@ -208,6 +212,7 @@ void huge_release_all(th_heap_t *owner) {
     atomic_store_explicit(&seg->huge_live, 0, memory_order_release);
     seg->pages[0].in_use = 0; /* a later free names an invalid pointer, not a double free */
     stats_committed(-(long)seg->huge_committed);
+    attribution_huge(false, seg->huge_size, false);
     seg->is_zero = 0;
     seg->next = seg->prev = NULL;
     segment_release(seg);

@@ -137,6 +137,8 @@ th_heap_t *thread_struct_alloc(void);
 void thread_struct_free(th_heap_t *heap);
 void process_init(void);
 size_t thread_struct_bytes(void);
+/* Every heap struct ever made (linked through all_next); they are never unmapped. */
+th_heap_t *thread_heaps_all(void);
 /* The forking thread, from the end of threadheap's fork prepare handler until its parent or child handler
  * runs; 0 otherwise (see th_lock). */
 extern _Atomic(uintptr_t) thread_fork_owner;
@@ -147,6 +149,10 @@ bool thread_lock_wait(pthread_mutex_t *m);
 /* Fill out's attribution fields (in_use ... purged) from a walk of every segment; mapped and cached must be
  * set already. */
 void attribution_compute(th_stats_t *out);
+/* A heap's flow joins the process-wide one, and the heap's is zeroed: at thread exit and heap destroy. */
+void attribution_fold(th_heap_t *heap);
+/* A huge block allocated (fresh: its memory new from the OS) or freed, of size bytes. */
+void attribution_huge(bool alloc, size_t size, bool fresh);
 
 /* ---- export.c */
 /* THREADHEAP_STATS_INTERVAL: publish the counters if the interval has passed (slow paths call it). */
@@ -310,6 +316,18 @@ static inline void block_unpoison(void *b, size_t size) { (void)b, (void)size; }
 #endif
 
 static inline uint32_t page_used(const th_page_t *page) { return page->used_word & TH_USED_MASK; }
+/* The owner's frees into the page not yet folded into its heap's flow (all ones while parked as full). */
+static inline uint32_t page_owner_frees(const th_page_t *page) { return page->used_word >> TH_USED_BITS; }
+
+/* Blocks of class c freed from the heap's pages, folded on a slow path (th_heap_flow_t). Owner only. */
+static inline void heap_count_frees(th_heap_t *heap, size_t c, uint64_t n) {
+  uint64_t v = atomic_load_explicit(&heap->flow.frees[c], memory_order_relaxed);
+  atomic_store_explicit(&heap->flow.frees[c], v + n, memory_order_relaxed);
+}
+static inline void heap_count_fresh(th_heap_t *heap, size_t c, uint64_t bytes) {
+  uint64_t v = atomic_load_explicit(&heap->flow.fresh[c], memory_order_relaxed);
+  atomic_store_explicit(&heap->flow.fresh[c], v + bytes, memory_order_relaxed);
+}
 
 /* Hand out the first free block of a page that has one: pop, count it used, clear its free tag. */
 static inline void *page_pop(th_page_t *page) {

@@ -42,6 +42,7 @@ void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_id
   page->reserved = (uint32_t)(area_size / bsize);
   __atomic_store_n(&page->capacity, 0, __ATOMIC_RELAXED);
   page->used_word = 0;
+  page->tail_fresh = page->is_purged; /* untouched since mapped, or purged since last used */
   page->free = page->local_free = NULL;
   page->class_idx = (uint8_t)class_idx;
   page->in_full = 0;
@@ -114,6 +115,7 @@ bool page_extend(th_heap_t *heap, th_page_t *page) {
   page->free = (th_block_t *)first;
   __atomic_store_n(&page->capacity, page->capacity + (uint32_t)n, __ATOMIC_RELAXED); /* read by remote frees */
   page->is_purged = 0;
+  if (page->tail_fresh) heap_count_fresh(heap, page->class_idx, n * bsize);
   return true;
 }
 
@@ -146,6 +148,8 @@ size_t page_collect(th_page_t *page) {
   th_assert(page_used(page) >= n);
   page->used_word -= (uint32_t)n;
   stats_add_remote(n);
+  th_heap_t *heap = atomic_load_explicit(&segment_of_page(page)->heap, memory_order_relaxed);
+  if (heap) heap_count_frees(heap, page->class_idx, n);
   return n;
 }
 
@@ -166,6 +170,8 @@ void page_discard_free(th_page_t *page) {
   page->used_word &= ~TH_USED_MASK;
   page->free = page->local_free = NULL;
   stats_add_remote(n);
+  th_heap_t *heap = atomic_load_explicit(&segment_of_page(page)->heap, memory_order_relaxed);
+  if (heap) heap_count_frees(heap, page->class_idx, n);
 }
 
 /* Ask to be told about the next remote free. False when blocks arrived meanwhile: collect them instead. */

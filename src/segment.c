@@ -287,6 +287,7 @@ th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind) {
 void segment_page_free(th_heap_t *heap, th_page_t *page) {
   th_segment_t *seg = segment_of_page(page);
   th_assert(page->in_use && page_used(page) == 0);
+  if (page->class_idx != 0 && !page->in_full) heap_count_frees(heap, page->class_idx, page_owner_frees(page));
   heap->stat.committed -= page->committed;
   stats_committed(-(long)page->committed);
   page->committed = 0;
@@ -380,6 +381,7 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
   for (size_t i = 0; i < seg->page_count; i++) {
     th_page_t *page = &seg->pages[i];
     if (!page->in_use) continue;
+    if (page->in_full) page->used_word &= TH_USED_MASK; /* its count was folded when it was parked */
     page->in_full = 0;
     page_clear_delay(page);
     heap->stat.committed += page->committed;

@@ -68,7 +68,12 @@ const char *const stats_names[] = {
     "committed", "committed_peak", "mapped", "cached", "os_maps", "os_unmaps", "os_purges",
     "purged_bytes", "cache_hits", "cache_misses", "huge_allocs", "remote_frees", "heaps_created",
     "heaps_abandoned", "segments_adopted", "threads_live", "segments_waiting", "os_calls", "os_call_ns",
-    "in_use", "free_in_pages", "empty_pages", "metadata", "purged", "in_use_peak"};
+    "in_use", "free_in_pages", "empty_pages", "metadata", "purged", "in_use_peak",
+    "allocs", "frees", "alloc_bytes", "free_bytes", "fresh_bytes", "reused_bytes",
+#define RANGES(what) "small_" what, "medium_" what, "large_" what, "huge_" what
+    RANGES("alloc_blocks"), RANGES("free_blocks"), RANGES("alloc_bytes"), RANGES("free_bytes"),
+    RANGES("fresh_bytes")};
+#undef RANGES
 _Static_assert(sizeof stats_names / sizeof stats_names[0] == sizeof(th_stats_t) / sizeof(size_t),
                "a name per counter");
 

@@ -26,9 +26,23 @@ static size_t heaps_chunk_left;
 #define HEAPS_CHUNK_SIZE ((size_t)256 << 10)
 #define HEAP_STRUCT_SIZE align_up(sizeof(th_heap_t), 64)
 static _Atomic(size_t) heaps_made; /* structs carved or mapped, ever (never unmapped): metadata */
+static _Atomic(th_heap_t *) heaps_all; /* every struct ever made, through all_next */
 
 size_t thread_struct_bytes(void) {
   return atomic_load_explicit(&heaps_made, memory_order_relaxed) * HEAP_STRUCT_SIZE;
+}
+
+th_heap_t *thread_heaps_all(void) { return atomic_load_explicit(&heaps_all, memory_order_acquire); }
+
+/* A struct made for the first time joins heaps_all (push only, so readers may walk it at any time). */
+static th_heap_t *struct_made(th_heap_t *heap) {
+  if (heap == NULL) return NULL;
+  atomic_fetch_add_explicit(&heaps_made, 1, memory_order_relaxed);
+  th_heap_t *top = atomic_load_explicit(&heaps_all, memory_order_relaxed);
+  do heap->all_next = top;
+  while (!atomic_compare_exchange_weak_explicit(&heaps_all, &top, heap, memory_order_release,
+                                                memory_order_relaxed));
+  return heap;
 }
 
 static void thread_done(void *arg);
@@ -56,8 +70,7 @@ th_heap_t *thread_struct_alloc(void) {
     if (heap) {
       heaps_pool = heap->next_free;
     } else if (heaps_chunk_left >= HEAP_STRUCT_SIZE) {
-      atomic_fetch_add_explicit(&heaps_made, 1, memory_order_relaxed);
-      heap = (th_heap_t *)heaps_chunk;
+      heap = struct_made((th_heap_t *)heaps_chunk);
       heaps_chunk += HEAP_STRUCT_SIZE;
       heaps_chunk_left -= HEAP_STRUCT_SIZE;
     }
@@ -65,14 +78,12 @@ th_heap_t *thread_struct_alloc(void) {
     if (heap) return heap;
   } else {
     /* A fork is under way: a struct of its own mapping, which later joins the pool like any other. */
-    atomic_fetch_add_explicit(&heaps_made, 1, memory_order_relaxed);
-    return os_map_aligned(align_up(HEAP_STRUCT_SIZE, os_page_size()), os_page_size());
+    return struct_made(os_map_aligned(align_up(HEAP_STRUCT_SIZE, os_page_size()), os_page_size()));
   }
   /* Map outside the lock; a racing thread may map too, and the spare chunk then serves later threads. */
   uint8_t *chunk = os_map_aligned(HEAPS_CHUNK_SIZE, os_page_size());
   if (chunk == NULL) return NULL;
-  atomic_fetch_add_explicit(&heaps_made, 1, memory_order_relaxed);
-  heap = (th_heap_t *)chunk;
+  heap = struct_made((th_heap_t *)chunk);
   if (th_lock_unless_fork(&heaps_lock)) {
     heaps_chunk = chunk + HEAP_STRUCT_SIZE;
     heaps_chunk_left = HEAPS_CHUNK_SIZE - HEAP_STRUCT_SIZE;
@@ -147,6 +158,7 @@ static void thread_done(void *arg) {
     heap->segments[k] = NULL;
   }
   stats_flush_thread();
+  attribution_fold(heap);
   stats_count(&th_stats_global.heaps_abandoned);
   atomic_fetch_sub_explicit((_Atomic(size_t) *)&th_stats_global.threads_live, 1, memory_order_relaxed);
   thread_struct_free(heap);

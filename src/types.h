@@ -114,6 +114,7 @@ typedef struct th_page_s {
   uint8_t block_shift;
   uint8_t interior_purged; /* heap_purge returned the insides of the free blocks (see idle_free) */
   uint32_t committed;     /* bytes of this page counted as committed (carved bytes rounded to OS pages) */
+  uint8_t tail_fresh;     /* the uncarved rest of the page is fresh from the OS (page_extend counts fresh bytes) */
   _Atomic(uintptr_t) thread_free;  /* remote frees: a block stack, its length and a state (see TH_TF_*) */
   struct th_page_s *next, *prev;   /* heap queue, full queue or purge queue */
   struct th_page_s *ready_next;    /* link on heap->ready (pushed by a remote thread) */
@@ -163,6 +164,19 @@ typedef struct th_heap_counters_s {
   uint64_t slow_calls;
 } th_heap_counters_t;
 
+/* What left the heap's pages, per size class, counted on slow paths only (attribution.c reads it). No
+ * malloc is counted: a page's allocations are (its used count) + (its owner frees) + (its collected remote
+ * frees), and the owner frees are counted modulo 4,096 in used_word already, so
+ *   allocs(c) = frees[c] + sum over live pages of class c of (used + owner-free count in used_word)
+ *   frees(c)  = frees[c] + sum over live pages of class c of (owner-free count + remote frees pending)
+ * frees[c] gains 4,096 at each clock tick, the owner-free count of a page parked as full, retired or
+ * destroyed, 1 at the free that unparks a page, and every collected remote free. Written by the owner
+ * (relaxed atomics), read by any thread; folded into the process-wide flow when the heap ends. */
+typedef struct th_heap_flow_s {
+  _Atomic(uint64_t) frees[TH_CLASS_COUNT];
+  _Atomic(uint64_t) fresh[TH_CLASS_COUNT]; /* bytes carved from memory fresh from the OS */
+} th_heap_flow_t;
+
 /* The owner id of a serialized explicit heap's segments: no thread's id, so every free is a remote free. */
 #define TH_OWNER_SHARED ((uintptr_t)1)
 /* Heap flags beyond the public TH_HEAP_NO_SERIALIZE. */
@@ -207,6 +221,10 @@ struct th_heap_s {
   th_heap_t *shard[TH_SHARDS_MAX];
   th_page_t *direct_medium[TH_DIRECT_MEDIUM_SLOTS]; /* slots 0..TH_DIRECT_MAX/256 are never read */
   th_page_t *direct_large[TH_DIRECT_LARGE_SLOTS];   /* slots 0..TH_MEDIUM_MAX/16384 are never read */
+  /* Last, and kept across heap_init: readers may read them while the struct is reused. flow is zeroed when
+   * folded (attribution_fold). */
+  th_heap_flow_t flow;
+  th_heap_t *all_next;                /* every heap struct ever made, newest first */
 };
 
 #endif /* TH_TYPES_H */

@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -178,6 +179,64 @@ static void test_concurrent(void) {
   for (int i = 0; i < N; i++) th_free(held[i]);
 }
 
+/* ---- allocations and frees counted without counting them (th_heap_flow_t) */
+
+static void *_Atomic remote_batch[2000];
+static atomic_int remote_go, remote_done;
+
+static void *remote_freer(void *arg) {
+  (void)arg;
+  while (!atomic_load(&remote_go)) sched_yield();
+  for (int i = 0; i < 2000; i++) th_free(atomic_load(&remote_batch[i]));
+  atomic_store(&remote_done, 1);
+  return NULL;
+}
+
+static void test_flow(void) {
+  pthread_t t;
+  pthread_create(&t, NULL, remote_freer, NULL); /* made before the first reading: creating allocates */
+  th_stats_t a, b;
+  th_stats_get(&a);
+  size_t allocs = 0, frees = 0, small_bytes = 0;
+  enum { HELD = 10000 };
+  static void *held[HELD];
+  for (int i = 0; i < HELD; i++) held[i] = th_malloc(48), allocs++, small_bytes += 48;
+  for (int i = 0; i < 5000; i++) th_free(held[i]), frees++;           /* the owner frees */
+  for (int i = 0; i < 2000; i++) atomic_store(&remote_batch[i], held[5000 + i]);
+  atomic_store(&remote_go, 1);
+  while (!atomic_load(&remote_done)) sched_yield();
+  frees += 2000;                                                      /* another thread's, not collected */
+  for (int i = 0; i < 200000; i++) th_free(th_malloc(64)), allocs++, frees++, small_bytes += 64; /* ticks */
+  /* Pages of 1 KiB blocks run full (parked), then one block of each is freed (the free that unparks). */
+  enum { FULL = 64 * 3 };
+  static void *full[FULL];
+  for (int i = 0; i < FULL; i++) full[i] = th_malloc(1024), allocs++, small_bytes += 1024;
+  for (int i = 0; i < FULL; i += 64) th_free(full[i]), frees++;
+  void *h1 = th_malloc((size_t)3 << 20), *h2 = th_malloc((size_t)5 << 20);
+  allocs += 2;
+  h1 = th_realloc(h1, (size_t)7 << 20); /* a huge realloc: a free and an allocation */
+  allocs++, frees++;
+  th_free(h1), th_free(h2);
+  frees += 2;
+  th_stats_get(&b);
+  CHECK_MSG(b.allocs - a.allocs == allocs, "allocs grew by %zu, the test made %zu", b.allocs - a.allocs, allocs);
+  CHECK_MSG(b.frees - a.frees == frees, "frees grew by %zu, the test made %zu", b.frees - a.frees, frees);
+  CHECK_MSG(b.range_alloc_bytes[0] - a.range_alloc_bytes[0] == small_bytes, "small bytes allocated %zu, made %zu",
+            b.range_alloc_bytes[0] - a.range_alloc_bytes[0], small_bytes);
+  CHECK_MSG(b.range_allocs[3] - a.range_allocs[3] == 3 && b.range_frees[3] - a.range_frees[3] == 3 &&
+                b.range_alloc_bytes[3] - a.range_alloc_bytes[3] == ((size_t)15 << 20),
+            "huge: %zu allocs, %zu frees, %zu bytes", b.range_allocs[3] - a.range_allocs[3],
+            b.range_frees[3] - a.range_frees[3], b.range_alloc_bytes[3] - a.range_alloc_bytes[3]);
+  CHECK_MSG(b.fresh_bytes >= a.fresh_bytes && b.fresh_bytes - a.fresh_bytes <= b.alloc_bytes - a.alloc_bytes &&
+                b.reused_bytes > a.reused_bytes,
+            "fresh %zu reused %zu of %zu allocated", b.fresh_bytes - a.fresh_bytes, b.reused_bytes - a.reused_bytes,
+            b.alloc_bytes - a.alloc_bytes);
+  for (int i = 7000; i < HELD; i++) th_free(held[i]);
+  for (int i = 0; i < FULL; i++)
+    if (i % 64) th_free(full[i]);
+  pthread_join(t, NULL);
+}
+
 /* ---- the live export, read as another process would */
 
 typedef struct {
@@ -303,6 +362,7 @@ int main(int argc, char **argv) {
   test_exact();
   test_threads();
   test_concurrent();
+  test_flow();
   test_export(argv[0]);
   return check_summary();
 }
