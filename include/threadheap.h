@@ -115,6 +115,17 @@ typedef struct th_stats_s {
 } th_stats_t;
 
 TH_API void th_stats_get(th_stats_t *out);
+
+/* Who frees whose memory: remote frees (a block freed by a thread other than its owner) per pair of freeing
+ * thread and owning thread, Linux thread ids (owner 0: blocks whose thread had exited; for an explicit
+ * heap, its creator). Up to max pairs into out, the most frees first; returns how many (with out NULL: how
+ * many there are). Each thread keeps its 8 largest owners; exited threads' pairs are kept too. */
+typedef struct th_remote_pair_s {
+  int free_tid;
+  int owner_tid;
+  size_t frees;
+} th_remote_pair_t;
+TH_API size_t th_stats_remote_pairs(th_remote_pair_t *out, size_t max);
 /* Print where the memory goes (a table) and the counters to stderr. */
 TH_API void th_stats_print(void);
 

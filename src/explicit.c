@@ -77,6 +77,7 @@ static void explicit_init(th_heap_t *heap, unsigned flags, th_heap_t *parent) {
   pthread_mutex_init(&heap->huge_lock, NULL);
   heap->magic = TH_HEAP_LIVE_MAGIC;
   heap->parent = parent;
+  atomic_store_explicit(&heap->tid, os_thread_tid(), memory_order_relaxed);
 }
 
 TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max_size) {

@@ -33,6 +33,18 @@ typedef struct export_counter_s {
   uint64_t value;
 } export_counter_t;
 
+typedef struct export_pair_s {
+  uint32_t free_tid, owner_tid;
+  char free_name[16], owner_name[16];
+  uint64_t interval, total;
+} export_pair_t;
+_Static_assert(sizeof(export_pair_t) == 56, "the layout of docs/live-export.md");
+
+#define EXPORT_PAIRS 16
+/* The totals of the last publication, for each pair's frees in the interval. */
+static th_remote_pair_t export_last[EXPORT_PAIRS * 2];
+static size_t export_last_len;
+
 _Atomic(uint64_t) export_next_ms;
 static _Atomic(int) export_state; /* 0: not open, 1: open, -1: failed or finished (never again) */
 static _Atomic(int) export_busy;  /* a publication is being written */
@@ -83,7 +95,26 @@ static void export_publish(void) {
     c[i].value = v[i];
   }
   h->counters = (uint32_t)n;
-  h->pairs = 0;
+  th_remote_pair_t pairs[EXPORT_PAIRS];
+  size_t np = th_stats_remote_pairs(pairs, EXPORT_PAIRS);
+  export_pair_t *p = (export_pair_t *)(c + n);
+  _Static_assert(EXPORT_HEADER + 64 * 32 + EXPORT_PAIRS * sizeof(export_pair_t) <= EXPORT_SIZE, "room");
+  for (size_t i = 0; i < np; i++) {
+    uint64_t before = 0;
+    for (size_t j = 0; j < export_last_len; j++)
+      if (export_last[j].free_tid == pairs[i].free_tid && export_last[j].owner_tid == pairs[i].owner_tid)
+        before = export_last[j].frees;
+    p[i].free_tid = (uint32_t)pairs[i].free_tid;
+    p[i].owner_tid = (uint32_t)pairs[i].owner_tid;
+    os_thread_name((uint32_t)pairs[i].free_tid, p[i].free_name);
+    if (pairs[i].owner_tid) os_thread_name((uint32_t)pairs[i].owner_tid, p[i].owner_name);
+    else memset(p[i].owner_name, 0, sizeof p[i].owner_name);
+    p[i].total = pairs[i].frees;
+    p[i].interval = pairs[i].frees >= before ? pairs[i].frees - before : pairs[i].frees;
+  }
+  memcpy(export_last, pairs, np * sizeof pairs[0]);
+  export_last_len = np;
+  h->pairs = (uint32_t)np;
   h->time_ns = os_realtime_ns();
   atomic_store_explicit(&h->seq, seq + 2, memory_order_release);
 }
@@ -110,6 +141,7 @@ void export_done(void) {
  * at its first publication. */
 void export_fork_child(void) {
   export_area = NULL;
+  export_last_len = 0;
   atomic_store_explicit(&export_busy, 0, memory_order_relaxed);
   atomic_store_explicit(&export_next_ms, 0, memory_order_relaxed);
   if (atomic_load_explicit(&export_state, memory_order_relaxed) == 1)

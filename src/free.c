@@ -35,11 +35,26 @@ static inline bool free_push_local(th_page_t *page, th_block_t *b) {
  * with th_free's segment lookup passed on: a block start of a live page (a free page slot or a huge block
  * has capacity 0 and fails page_is_block) that is not tagged free is pushed with one CAS; the rest go to
  * free_slow, which checks everything. Kept out of th_free so the owner's path stays short. */
+TH_NOINLINE static void free_remote_new_pair(th_page_t *page, th_block_t *b, th_heap_t *owner) {
+  pairs_note_owner(owner);
+  page_push_remote(page, b);
+}
+
 TH_NOINLINE TH_HOT static void free_remote(th_segment_t *seg, th_block_t *b) {
   th_page_t *page = segment_page_of(seg, b);
   if (th_likely(page_is_block(page, b) && b->tag != free_tag(b))) {
     b->tag = free_tag(b);
     block_poison(b, page->block_size);
+    /* Who frees whose memory (pairs.c): one more free to the same owner as the last one (a compare and an
+     * add to memory), or a new pair, out of line. Counted before the push, so that both ways out stay tail
+     * calls and the path saves no register. */
+    th_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+    th_remote_pair_slot_t *last = &th_heap_tls->remote[0];
+    if (th_unlikely(atomic_load_explicit(&last->owner, memory_order_relaxed) != owner)) {
+      free_remote_new_pair(page, b, owner);
+      return;
+    }
+    pairs_count_one(&last->count);
     page_push_remote(page, b);
     return;
   }

@@ -11,7 +11,10 @@
 th_page_t th_page_empty;
 th_heap_t th_heap_empty = {.direct = {[0 ... TH_DIRECT_SLOTS - 1] = &th_page_empty},
                             .direct_medium = {[0 ... TH_DIRECT_MEDIUM_SLOTS - 1] = &th_page_empty},
-                            .direct_large = {[0 ... TH_DIRECT_LARGE_SLOTS - 1] = &th_page_empty}};
+                            .direct_large = {[0 ... TH_DIRECT_LARGE_SLOTS - 1] = &th_page_empty},
+                            /* no owner is this heap: free_remote's pair test fails, and the thread gets a
+                             * heap of its own to count in (pairs_note_owner) */
+                            .remote = {[0] = {.owner = &th_heap_empty}}};
 
 void heap_init(th_heap_t *heap) {
   memset(heap, 0, offsetof(th_heap_t, flow)); /* flow and all_next stay (see th_heap_t) */

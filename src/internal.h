@@ -154,6 +154,12 @@ void attribution_fold(th_heap_t *heap);
 /* A huge block allocated (fresh: its memory new from the OS) or freed, of size bytes. */
 void attribution_huge(bool alloc, size_t size, bool fresh);
 
+/* ---- pairs.c */
+/* free_remote's count went to another owner than the last: note the new pair. */
+void pairs_note_owner(th_heap_t *owner);
+/* At thread exit: the thread's pairs move to the process-wide table of exited threads. */
+void pairs_thread_done(th_heap_t *heap);
+
 /* ---- export.c */
 /* THREADHEAP_STATS_INTERVAL: publish the counters if the interval has passed (slow paths call it). */
 void export_tick(uint64_t now_ms);
@@ -279,6 +285,17 @@ static inline void page_push_remote(th_page_t *page, th_block_t *block) {
       return;
   }
   page_push_remote_slow(page, block);
+}
+
+/* One more remote free of a pair (free_remote): the freeing thread alone writes the count, other threads
+ * read it. On x86-64 one add to memory (the compiler makes a relaxed atomic increment a load, an add and a
+ * store); a torn read cannot happen for an aligned 8-byte word. */
+static inline void pairs_count_one(_Atomic(uint64_t) *count) {
+#if defined(__x86_64__)
+  __asm__("addq $1, %0" : "+m"(*count));
+#else
+  atomic_store_explicit(count, atomic_load_explicit(count, memory_order_relaxed) + 1, memory_order_relaxed);
+#endif
 }
 
 /* Offset of p from the block that holds it: 0 for a block start. Multiply-shift, no division. */

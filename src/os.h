@@ -47,6 +47,11 @@ void os_keep_stderr(void);
 void os_write_err_late(const char *s, size_t n);
 /* The calling process's id. */
 long os_process_id(void);
+/* The calling thread's Linux id. */
+uint32_t os_thread_tid(void);
+/* The name of thread tid of this process (/proc/self/task/<tid>/comm) into name[16], NUL-padded; empty
+ * when the thread is gone. No allocation. */
+void os_thread_name(uint32_t tid, char name[16]);
 /* Copy n bytes at src into dst without faulting when src is not mapped (any more): the bytes copied, fewer
  * than n (0 on failure) where the range ends in unmapped memory. For reading segments that other threads may
  * unmap meanwhile (the attribution walk). */

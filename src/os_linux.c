@@ -187,6 +187,31 @@ void os_write_err_late(const char *s, size_t n) {
 
 long os_process_id(void) { return (long)getpid(); }
 
+uint32_t os_thread_tid(void) { return (uint32_t)gettid(); }
+
+void os_thread_name(uint32_t tid, char name[16]) {
+  memset(name, 0, 16);
+  char path[48];
+  int n = 0;
+  const char *pre = "/proc/self/task/";
+  while (pre[n]) path[n] = pre[n], n++;
+  char digits[12];
+  int d = 0;
+  do digits[d++] = (char)('0' + tid % 10), tid /= 10;
+  while (tid);
+  while (d) path[n++] = digits[--d];
+  memcpy(path + n, "/comm", 6);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ssize_t r = read(fd, name, 15);
+  close(fd);
+  if (r <= 0) {
+    memset(name, 0, 16);
+    return;
+  }
+  if (name[r - 1] == '\n') name[r - 1] = '\0';
+}
+
 size_t os_read_self(void *dst, const void *src, size_t n) {
   struct iovec local = {dst, n}, remote = {(void *)src, n};
   ssize_t r = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);

@@ -120,6 +120,11 @@ static size_t stats_format(char *buf, size_t size) {
          resident ? 100.0 * (double)bytes[i] / (double)resident : 0.0);
   EMIT("threadheap:   %-26s %10.1f\n", "resident, total", (double)resident / 1048576.0);
   EMIT("threadheap:   %-26s %10.1f\n", "mapped, not resident", (double)s.purged / 1048576.0);
+  th_remote_pair_t pairs[5];
+  size_t np = th_stats_remote_pairs(pairs, 5);
+  if (np) EMIT("threadheap: who frees whose memory (remote frees, thread ids)\n");
+  for (size_t i = 0; i < np; i++)
+    EMIT("threadheap:   %7d frees into %-7d %12zu\n", pairs[i].free_tid, pairs[i].owner_tid, pairs[i].frees);
   const size_t *v = (const size_t *)&s;
   for (size_t i = 0; i < sizeof(th_stats_t) / sizeof(size_t); i++)
     EMIT("threadheap: %-17s %zu\n", names[i], v[i]);

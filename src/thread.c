@@ -98,6 +98,7 @@ th_heap_t *thread_heap_init(void) {
   if (heap == NULL) return NULL;
   heap_init(heap);
   heap->thread_id = thread_id();
+  atomic_store_explicit(&heap->tid, os_thread_tid(), memory_order_relaxed);
   th_heap_tls = heap;
   /* Keys below PTHREAD_KEY_2NDLEVEL_SIZE need no allocation; ours is created first thing. */
   pthread_setspecific(heap_key, heap);
@@ -159,6 +160,7 @@ static void thread_done(void *arg) {
   }
   stats_flush_thread();
   attribution_fold(heap);
+  pairs_thread_done(heap);
   stats_count(&th_stats_global.heaps_abandoned);
   atomic_fetch_sub_explicit((_Atomic(size_t) *)&th_stats_global.threads_live, 1, memory_order_relaxed);
   thread_struct_free(heap);

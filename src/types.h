@@ -172,6 +172,13 @@ typedef struct th_heap_counters_s {
  * frees[c] gains 4,096 at each clock tick, the owner-free count of a page parked as full, retired or
  * destroyed, 1 at the free that unparks a page, and every collected remote free. Written by the owner
  * (relaxed atomics), read by any thread; folded into the process-wide flow when the heap ends. */
+/* A pair counted by the freeing thread's heap (pairs.c): remote frees into blocks of owner. */
+#define TH_REMOTE_SLOTS 8
+typedef struct th_remote_pair_slot_s {
+  _Atomic(th_heap_t *) owner; /* the owning heap (NULL: blocks of exited threads) */
+  _Atomic(uint64_t) count;
+} th_remote_pair_slot_t;
+
 typedef struct th_heap_flow_s {
   _Atomic(uint64_t) frees[TH_CLASS_COUNT];
   _Atomic(uint64_t) fresh[TH_CLASS_COUNT]; /* bytes carved from memory fresh from the OS */
@@ -225,6 +232,9 @@ struct th_heap_s {
    * folded (attribution_fold). */
   th_heap_flow_t flow;
   th_heap_t *all_next;                /* every heap struct ever made, newest first */
+  _Atomic(uint32_t) tid;              /* the Linux tid of the heap's thread (its creator's, for explicit heaps) */
+  /* Remote frees by this heap's thread, per owner; slot 0 is the owner of the last one (pairs.c). */
+  th_remote_pair_slot_t remote[TH_REMOTE_SLOTS];
 };
 
 #endif /* TH_TYPES_H */

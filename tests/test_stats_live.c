@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -237,6 +238,54 @@ static void test_flow(void) {
   pthread_join(t, NULL);
 }
 
+/* ---- who frees whose memory: two producers, one consumer that frees everything and exits */
+
+#define PAIR_N1 30000
+#define PAIR_N2 12000
+static void *pair_blocks[PAIR_N1 + PAIR_N2];
+static atomic_int pair_stage; /* 1: producers filled, 2: consumer done */
+static atomic_int pair_tids[3];
+
+static void *pair_producer(void *arg) {
+  int which = (int)(intptr_t)arg;
+  atomic_store(&pair_tids[which], (int)gettid());
+  int from = which == 0 ? 0 : PAIR_N1, n = which == 0 ? PAIR_N1 : PAIR_N2;
+  for (int i = 0; i < n; i++) pair_blocks[from + i] = th_malloc(32 + (size_t)(i % 8) * 16);
+  atomic_fetch_add(&pair_stage, 1);
+  while (atomic_load(&pair_stage) < 3) sched_yield(); /* stays alive: its blocks keep their owner */
+  return NULL;
+}
+
+static void *pair_consumer(void *arg) {
+  (void)arg;
+  atomic_store(&pair_tids[2], (int)gettid());
+  for (int i = 0; i < PAIR_N1 + PAIR_N2; i++) th_free(pair_blocks[i]);
+  return NULL;
+}
+
+static void test_pairs(void) {
+  pthread_t p1, p2, c;
+  pthread_create(&p1, NULL, pair_producer, (void *)0);
+  pthread_create(&p2, NULL, pair_producer, (void *)1);
+  while (atomic_load(&pair_stage) < 2) sched_yield();
+  pthread_create(&c, NULL, pair_consumer, NULL);
+  pthread_join(c, NULL); /* the consumer has exited: its pairs are in the table of exited threads */
+  th_remote_pair_t pairs[64];
+  size_t n = th_stats_remote_pairs(pairs, 64);
+  size_t to1 = 0, to2 = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (pairs[i].free_tid != atomic_load(&pair_tids[2])) continue;
+    if (pairs[i].owner_tid == atomic_load(&pair_tids[0])) to1 += pairs[i].frees;
+    if (pairs[i].owner_tid == atomic_load(&pair_tids[1])) to2 += pairs[i].frees;
+  }
+  CHECK_MSG(to1 == PAIR_N1 && to2 == PAIR_N2, "consumer -> producer 1: %zu (made %d), -> producer 2: %zu (made %d)",
+            to1, PAIR_N1, to2, PAIR_N2);
+  CHECK_MSG(n >= 2 && pairs[0].frees >= pairs[1].frees, "pairs sorted by frees");
+  atomic_store(&pair_stage, 3);
+  pthread_join(p1, NULL);
+  pthread_join(p2, NULL);
+}
+
 /* ---- the live export, read as another process would */
 
 typedef struct {
@@ -363,6 +412,7 @@ int main(int argc, char **argv) {
   test_threads();
   test_concurrent();
   test_flow();
+  test_pairs();
   test_export(argv[0]);
   return check_summary();
 }
