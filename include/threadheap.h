@@ -112,9 +112,16 @@ typedef struct th_stats_s {
   size_t allocs, frees, alloc_bytes, free_bytes, fresh_bytes, reused_bytes;
   /* The same per size range: [0] small (up to 4 KiB), [1] medium (to 64 KiB), [2] large (to 1 MiB), [3] huge. */
   size_t range_allocs[4], range_frees[4], range_alloc_bytes[4], range_free_bytes[4], range_fresh_bytes[4];
+  /* Serialized explicit heaps: allocations that took a heap's lock, and those that had to wait for it. */
+  size_t heap_lock_acquires, heap_lock_waits;
 } th_stats_t;
 
 TH_API void th_stats_get(th_stats_t *out);
+/* The same for one explicit heap: where its memory goes (in_use ... purged, mapped and committed counting its
+ * own segments, huge blocks and structs), its allocations and frees per range (its huge blocks in in_use
+ * only), and its lock's acquisitions and waits; the process-wide fields are 0. Returns 0, or -1 with errno
+ * EINVAL for a NULL heap or out; a destroyed heap stops the process. */
+TH_API int th_heap_stats_get(th_heap_t *heap, th_stats_t *out);
 
 /* Who frees whose memory: remote frees (a block freed by a thread other than its owner) per pair of freeing
  * thread and owning thread, Linux thread ids (owner 0: blocks whose thread had exited; for an explicit

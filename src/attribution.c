@@ -7,6 +7,7 @@
  * is copied with os_read_self, which fails instead of faulting on memory gone, and what is copied is
  * checked for sense before it counts. A segment reused during the walk reads as whichever state the copy
  * caught; the owner threads' concurrent mallocs and frees make the numbers of their pages a moment old. */
+#include <errno.h>
 #include <string.h>
 
 #include "internal.h"
@@ -15,6 +16,7 @@
 /* Flows of heaps that have ended (attribution_fold) and of huge blocks: [0] allocated, [1] freed. */
 static _Atomic(uint64_t) done_frees[TH_CLASS_COUNT], done_fresh[TH_CLASS_COUNT];
 static _Atomic(uint64_t) huge_blocks[2], huge_bytes[2], huge_fresh;
+static _Atomic(uint64_t) done_lock[2]; /* destroyed explicit heaps' lock acquisitions and waits */
 
 static void add(_Atomic(uint64_t) *c, uint64_t n) { atomic_fetch_add_explicit(c, n, memory_order_relaxed); }
 static uint64_t get(_Atomic(uint64_t) *c) { return atomic_load_explicit(c, memory_order_relaxed); }
@@ -26,6 +28,10 @@ void attribution_fold(th_heap_t *heap) {
     atomic_store_explicit(&heap->flow.frees[c], 0, memory_order_relaxed);
     atomic_store_explicit(&heap->flow.fresh[c], 0, memory_order_relaxed);
   }
+  add(&done_lock[0], get(&heap->lock_acquires));
+  add(&done_lock[1], get(&heap->lock_waits));
+  atomic_store_explicit(&heap->lock_acquires, 0, memory_order_relaxed);
+  atomic_store_explicit(&heap->lock_waits, 0, memory_order_relaxed);
 }
 
 void attribution_huge(bool alloc, size_t size, bool fresh) {
@@ -35,10 +41,17 @@ void attribution_huge(bool alloc, size_t size, bool fresh) {
 }
 
 /* What the walk adds to the folded flows, per class: a live page's allocations not yet folded (used and its
- * owner-free count) and its frees not yet folded (the owner-free count and the remote frees pending). */
+ * owner-free count) and its frees not yet folded (the owner-free count and the remote frees pending). With
+ * `only` set, the walk counts the segments of that explicit heap (and its shards) alone. */
 typedef struct walk_flow_s {
   uint64_t allocs[TH_CLASS_COUNT], frees[TH_CLASS_COUNT];
+  const th_heap_t *only;
 } walk_flow_t;
+
+/* Is h the heap `only` or one of its shards? Heap structs are never unmapped, so h may be read. */
+static bool heap_in(const th_heap_t *h, const th_heap_t *only) {
+  return only == NULL || (h != NULL && (h == only || h->parent == only));
+}
 
 /* Header and descriptors of the largest paged segment: 64 small pages. */
 #define WALK_PAGES_MAX (TH_SEGMENT_SIZE >> TH_SMALL_PAGE_SHIFT)
@@ -66,6 +79,8 @@ static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out,
   if (os_read_self(&b->seg, at, head + sizeof(th_page_t)) != head + sizeof(th_page_t)) return;
   const th_segment_t *seg = &b->seg;
   if (seg->kind > TH_KIND_HUGE || seg->size == 0 || seg->size % TH_SEGMENT_SIZE != 0 || seg->in_cache) return;
+  if (!heap_in(atomic_load_explicit(&seg->heap, memory_order_relaxed), flow->only)) return;
+  if (flow->only) out->mapped += seg->size;
   if (seg->kind == TH_KIND_HUGE) {
     const th_page_t *page = &b->pages[0];
     size_t offset = (size_t)(page->start - (const uint8_t *)at);
@@ -121,14 +136,20 @@ static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out,
 static void flow_compute(th_stats_t *out, walk_flow_t *flow) {
   uint64_t frees[TH_CLASS_COUNT], fresh[TH_CLASS_COUNT];
   for (size_t c = 0; c < TH_CLASS_COUNT; c++) {
-    frees[c] = get(&done_frees[c]);
-    fresh[c] = get(&done_fresh[c]);
+    frees[c] = flow->only ? 0 : get(&done_frees[c]);
+    fresh[c] = flow->only ? 0 : get(&done_fresh[c]);
   }
-  for (th_heap_t *h = thread_heaps_all(); h; h = h->all_next)
+  out->heap_lock_acquires = flow->only ? 0 : get(&done_lock[0]);
+  out->heap_lock_waits = flow->only ? 0 : get(&done_lock[1]);
+  for (th_heap_t *h = thread_heaps_all(); h; h = h->all_next) {
+    if (flow->only && !heap_in(h, flow->only)) continue;
     for (size_t c = 0; c < TH_CLASS_COUNT; c++) {
       frees[c] += get(&h->flow.frees[c]);
       fresh[c] += get(&h->flow.fresh[c]);
     }
+    out->heap_lock_acquires += get(&h->lock_acquires);
+    out->heap_lock_waits += get(&h->lock_waits);
+  }
   memset(out->range_allocs, 0, sizeof out->range_allocs);
   memset(out->range_frees, 0, sizeof out->range_frees);
   memset(out->range_alloc_bytes, 0, sizeof out->range_alloc_bytes);
@@ -143,11 +164,13 @@ static void flow_compute(th_stats_t *out, walk_flow_t *flow) {
     out->range_free_bytes[r] += freed * size;
     out->range_fresh_bytes[r] += fresh[c];
   }
-  out->range_allocs[TH_KIND_HUGE] = get(&huge_blocks[0]);
-  out->range_frees[TH_KIND_HUGE] = get(&huge_blocks[1]);
-  out->range_alloc_bytes[TH_KIND_HUGE] = get(&huge_bytes[0]);
-  out->range_free_bytes[TH_KIND_HUGE] = get(&huge_bytes[1]);
-  out->range_fresh_bytes[TH_KIND_HUGE] = get(&huge_fresh);
+  if (flow->only == NULL) { /* an explicit heap's huge blocks are in the walk's in_use only */
+    out->range_allocs[TH_KIND_HUGE] = get(&huge_blocks[0]);
+    out->range_frees[TH_KIND_HUGE] = get(&huge_blocks[1]);
+    out->range_alloc_bytes[TH_KIND_HUGE] = get(&huge_bytes[0]);
+    out->range_free_bytes[TH_KIND_HUGE] = get(&huge_bytes[1]);
+    out->range_fresh_bytes[TH_KIND_HUGE] = get(&huge_fresh);
+  }
   out->allocs = out->frees = out->alloc_bytes = out->free_bytes = out->fresh_bytes = 0;
   for (size_t r = 0; r < 4; r++) {
     out->allocs += out->range_allocs[r];
@@ -159,24 +182,54 @@ static void flow_compute(th_stats_t *out, walk_flow_t *flow) {
   out->reused_bytes = out->alloc_bytes > out->fresh_bytes ? out->alloc_bytes - out->fresh_bytes : 0;
 }
 
-void attribution_compute(th_stats_t *out) {
+/* out's mapped and cached are set (process-wide: from the counters; a heap: 0, and the walk adds mapped). */
+static void compute(th_stats_t *out, const th_heap_t *only) {
   out->in_use = out->free_in_pages = out->empty_pages = out->metadata = out->purged = 0;
   size_t lo, hi;
   segment_map_range(&lo, &hi);
   walk_buf_t b;
   walk_flow_t flow;
   memset(&flow, 0, sizeof flow);
+  flow.only = only;
   for (size_t i = lo; i < hi && i < TH_MAP_ENTRIES; i++) {
     if (atomic_load_explicit(&th_segment_map[i], memory_order_relaxed) != 1) continue;
     walk_segment((const th_segment_t *)(i << TH_SEGMENT_SHIFT), &b, out, &flow);
   }
   flow_compute(out, &flow);
   size_t ps = os_page_size();
-  size_t map_bytes = hi > lo ? align_up(hi, ps) - (lo & ~(ps - 1)) : 0;
-  size_t structs = thread_struct_bytes();
+  size_t map_bytes = only || hi <= lo ? 0 : align_up(hi, ps) - (lo & ~(ps - 1));
+  size_t structs = 0;
+  if (only) {
+    for (uint32_t i = 0; i < only->nshards || i == 0; i++) structs += align_up(sizeof(th_heap_t), 64);
+  } else {
+    structs = thread_struct_bytes();
+  }
   out->metadata += structs;
   size_t resident = out->in_use + out->free_in_pages + out->empty_pages + out->cached + out->metadata;
   /* Everything else that is mapped is not resident; the segment map is in metadata but not in mapped. */
   out->metadata += map_bytes;
+  if (only) out->mapped += structs;
   out->purged = out->mapped > resident ? out->mapped - resident : 0;
+}
+
+void attribution_compute(th_stats_t *out) { compute(out, NULL); }
+
+TH_API int th_heap_stats_get(th_heap_t *heap, th_stats_t *out) {
+  if (heap == NULL || out == NULL) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (heap->magic != TH_HEAP_LIVE_MAGIC || !heap_is_explicit(heap) || heap->parent != NULL)
+    report_heap_misuse("th_heap_stats_get", "of a destroyed heap (or not a heap)", heap);
+  memset(out, 0, sizeof *out);
+  compute(out, heap);
+  size_t committed = 0;
+  for (uint32_t i = 0; i < heap->nshards || i == 0; i++) {
+    th_heap_t *shard = i == 0 ? heap : heap->shard[i];
+    committed += atomic_load_explicit((_Atomic(size_t) *)&shard->stat.committed, memory_order_relaxed) +
+                 atomic_load_explicit(&shard->huge_bytes, memory_order_relaxed);
+  }
+  out->committed = committed;
+  out->in_use_peak = out->in_use;
+  return 0;
 }

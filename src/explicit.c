@@ -40,6 +40,11 @@ TH_COLD static void report_bad_heap(th_heap_t *heap, const char *op) {
   report_heap_misuse(op, "from a thread that does not own the TH_HEAP_NO_SERIALIZE heap", heap);
 }
 
+/* A counter of a shard, under its lock; other threads read it (th_heap_stats_get). */
+static inline void count_locked(_Atomic(uint64_t) *c) {
+  atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
+}
+
 /* Before allocating: the heap to allocate from. A no-serialize heap is checked to be the calling thread's,
  * which also catches a destroyed one (its owner id is cleared); a serialized heap gives one of its shards,
  * locked: the first whose lock is free, starting from one picked by the thread, else that one, waited for. */
@@ -50,17 +55,19 @@ static inline th_heap_t *heap_enter(th_heap_t *heap, const char *op) {
   }
   if (th_unlikely(heap->magic != TH_HEAP_LIVE_MAGIC || heap->parent != NULL)) report_bad_heap(heap, op);
   uint32_t n = heap->nshards;
-  if (n == 1) {
-    th_lock(&heap->lock);
-    return heap;
+  uint32_t first = n == 1 ? 0 : (uint32_t)(((uint64_t)thread_id() * 0x9E3779B97F4A7C15ull) >> 40) % n;
+  th_heap_t *shard = NULL;
+  for (uint32_t i = 0; i < n && shard == NULL; i++) {
+    th_heap_t *s = n == 1 ? heap : heap->shard[(first + i) % n];
+    if (th_trylock(&s->lock)) shard = s;
   }
-  uint32_t first = (uint32_t)(((uint64_t)thread_id() * 0x9E3779B97F4A7C15ull) >> 40) % n;
-  for (uint32_t i = 0; i < n; i++) {
-    th_heap_t *shard = heap->shard[(first + i) % n];
-    if (th_trylock(&shard->lock)) return shard;
+  if (shard == NULL) { /* every shard busy: wait for the first, and count the wait */
+    shard = n == 1 ? heap : heap->shard[first];
+    th_lock(&shard->lock);
+    count_locked(&shard->lock_waits);
   }
-  th_lock(&heap->shard[first]->lock);
-  return heap->shard[first];
+  count_locked(&shard->lock_acquires);
+  return shard;
 }
 
 /* After allocating from what heap_enter gave. */

@@ -72,7 +72,7 @@ const char *const stats_names[] = {
     "allocs", "frees", "alloc_bytes", "free_bytes", "fresh_bytes", "reused_bytes",
 #define RANGES(what) "small_" what, "medium_" what, "large_" what, "huge_" what
     RANGES("alloc_blocks"), RANGES("free_blocks"), RANGES("alloc_bytes"), RANGES("free_bytes"),
-    RANGES("fresh_bytes")};
+    RANGES("fresh_bytes"), "heap_lock_acquires", "heap_lock_waits"};
 #undef RANGES
 _Static_assert(sizeof stats_names / sizeof stats_names[0] == sizeof(th_stats_t) / sizeof(size_t),
                "a name per counter");

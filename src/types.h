@@ -235,6 +235,8 @@ struct th_heap_s {
   _Atomic(uint32_t) tid;              /* the Linux tid of the heap's thread (its creator's, for explicit heaps) */
   /* Remote frees by this heap's thread, per owner; slot 0 is the owner of the last one (pairs.c). */
   th_remote_pair_slot_t remote[TH_REMOTE_SLOTS];
+  /* Serialized explicit heaps: allocations that took the lock, and those that had to wait for it. */
+  _Atomic(uint64_t) lock_acquires, lock_waits;
 };
 
 #endif /* TH_TYPES_H */

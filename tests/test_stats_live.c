@@ -12,6 +12,7 @@
  *    docs/live-export.md, reports in_use within 1%, keeps being updated (its sequence number grows),
  *    reads consistently while being written, and is gone once the child exits. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -286,6 +287,71 @@ static void test_pairs(void) {
   pthread_join(p2, NULL);
 }
 
+/* ---- explicit heaps: the same numbers per heap, and a serialized heap's lock */
+
+static th_heap_t *locked_heap;
+#define LOCKED_OPS 50000
+static void *locked_user(void *arg) {
+  (void)arg;
+  for (int i = 0; i < LOCKED_OPS; i++) th_free(th_heap_malloc(locked_heap, 64));
+  return NULL;
+}
+
+static void test_heap_stats(void) {
+  th_stats_t whole_a, whole_b, h, e;
+  th_heap_t *mine = th_heap_create(TH_HEAP_NO_SERIALIZE, 0, 0);
+  th_heap_t *shared = th_heap_create(0, 0, 0);
+  th_stats_get(&whole_a);
+  size_t mine_bytes = 0, shared_bytes = 0;
+  enum { N = 3000 };
+  static void *a[N], *b[N];
+  for (int i = 0; i < N; i++) {
+    a[i] = th_heap_malloc(mine, sizes[i % NSIZES]);
+    mine_bytes += sizes[i % NSIZES];
+    b[i] = th_heap_malloc(shared, 256);
+    shared_bytes += 256;
+  }
+  void *big = th_heap_malloc(mine, (size_t)6 << 20);
+  mine_bytes += (size_t)6 << 20;
+  CHECK(th_heap_stats_get(mine, &h) == 0);
+  CHECK_MSG(h.in_use == mine_bytes, "no-serialize heap: in_use %zu, held %zu", h.in_use, mine_bytes);
+  CHECK_MSG(h.range_allocs[0] + h.range_allocs[1] + h.range_allocs[2] == N, "its allocations: %zu",
+            h.range_allocs[0] + h.range_allocs[1] + h.range_allocs[2]);
+  CHECK_MSG(h.mapped >= h.in_use + h.free_in_pages + h.metadata && h.committed >= h.in_use,
+            "mapped %zu committed %zu in_use %zu", h.mapped, h.committed, h.in_use);
+  CHECK(th_heap_stats_get(shared, &e) == 0);
+  CHECK_MSG(e.in_use == shared_bytes, "serialized heap: in_use %zu, held %zu", e.in_use, shared_bytes);
+  CHECK_MSG(e.heap_lock_acquires == N, "lock acquisitions %zu for %d allocations", e.heap_lock_acquires, N);
+  th_stats_get(&whole_b);
+  CHECK_MSG(whole_b.in_use - whole_a.in_use == mine_bytes + shared_bytes, "process-wide in_use grew by %zu",
+            whole_b.in_use - whole_a.in_use);
+  for (int i = 0; i < N; i++) th_free(a[i]), th_free(b[i]);
+  th_free(big);
+  CHECK(th_heap_stats_get(mine, &h) == 0 && h.in_use == 0);
+  errno = 0;
+  CHECK(th_heap_stats_get(NULL, &h) == -1 && errno == EINVAL);
+  th_heap_destroy(mine);
+  th_heap_destroy(shared);
+
+  /* One lock (a cap keeps a single shard), four threads: some allocations wait. On a loaded machine the
+   * threads may run one after another for a while, so rounds go on (at most 40) until one has waited. */
+  locked_heap = th_heap_create(0, 0, (size_t)64 << 20);
+  int rounds = 0;
+  do {
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++) pthread_create(&t[i], NULL, locked_user, NULL);
+    for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+    CHECK(th_heap_stats_get(locked_heap, &e) == 0);
+  } while (++rounds < 40 && e.heap_lock_waits == 0);
+  CHECK_MSG(e.heap_lock_acquires == (size_t)rounds * 4 * LOCKED_OPS && e.heap_lock_waits > 0 &&
+                e.heap_lock_waits <= e.heap_lock_acquires,
+            "one lock, four threads, %d rounds: %zu acquisitions, %zu waits", rounds, e.heap_lock_acquires,
+            e.heap_lock_waits);
+  printf("serialized heap, one lock, 4 threads: %zu of %zu allocations waited\n", e.heap_lock_waits,
+         e.heap_lock_acquires);
+  th_heap_destroy(locked_heap);
+}
+
 /* ---- the live export, read as another process would */
 
 typedef struct {
@@ -413,6 +479,7 @@ int main(int argc, char **argv) {
   test_concurrent();
   test_flow();
   test_pairs();
+  test_heap_stats();
   test_export(argv[0]);
   return check_summary();
 }
