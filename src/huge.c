@@ -154,6 +154,8 @@ void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
     if (os_remap(seg, old, need, NULL) != NULL) { /* grown in place */
       segment_map_set(seg, need, true);
       stats_os_map(need - old);
+      stats_count(&th_stats_global.remaps_in_place);
+      stats_add(&th_stats_global.remap_bytes_not_copied, seg->huge_size);
     } else {
       /* Move: reserve an aligned range, then let the kernel move the pages there (no copy). */
       void *dest = os_map_aligned(need, TH_SEGMENT_SIZE);
@@ -178,6 +180,8 @@ void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
       seg = dest;
       segment_map_set(seg, need, true);
       stats_os_map(need - old);
+      stats_count(&th_stats_global.remaps_moved);
+      stats_add(&th_stats_global.remap_bytes_not_copied, seg->huge_size);
     }
     seg->size = need;
   }

@@ -192,6 +192,7 @@ void stats_os_call(uint64_t ns);
 void stats_committed(long delta);
 void stats_cached(long delta);
 void stats_count(size_t *counter);
+void stats_add(size_t *counter, size_t n);
 void stats_add_remote(size_t n);
 /* The calling thread's batched counts into the shared counters (th_stats_get and thread exit call it). */
 void stats_flush_thread(void);

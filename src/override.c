@@ -66,12 +66,12 @@ TH_EXPORT int malloc_trim(size_t pad) {
   return after.purged_bytes != before.purged_bytes || after.os_unmaps != before.os_unmaps;
 }
 
-/* mallinfo2 from th_stats_get (docs/design.md has the table):
+/* mallinfo2 from th_stats_get's attribution (docs/design.md has the table):
  *   arena     bytes mapped from the OS (segments, huge blocks, the segment cache)
- *   uordblks  bytes committed to heap pages in use and to huge blocks
- *   fordblks  arena - uordblks: cached segments, free page slots and untouched page tails
+ *   uordblks  bytes in blocks the program holds (in_use)
+ *   fordblks  resident bytes not in use: free blocks in pages, empty pages, the segment cache
  *   keepcost  bytes in the segment cache, which malloc_trim releases
- *   usmblks   the highest value uordblks reached
+ *   usmblks   the highest in_use seen
  *   ordblks, smblks, hblks, hblkhd, fsmblks  0: threadheap counts no free blocks, and maps every block the
  *             same way, so there is no separate mmap count. */
 TH_EXPORT struct mallinfo2 mallinfo2(void) {
@@ -80,10 +80,10 @@ TH_EXPORT struct mallinfo2 mallinfo2(void) {
   struct mallinfo2 mi;
   memset(&mi, 0, sizeof mi);
   mi.arena = s.mapped;
-  mi.uordblks = s.committed;
-  mi.fordblks = s.mapped > s.committed ? s.mapped - s.committed : 0;
+  mi.uordblks = s.in_use;
+  mi.fordblks = s.free_in_pages + s.empty_pages + s.cached;
   mi.keepcost = s.cached;
-  mi.usmblks = s.committed_peak;
+  mi.usmblks = s.in_use_peak;
   return mi;
 }
 
@@ -117,7 +117,7 @@ TH_EXPORT void malloc_stats(void) {
                    "Arena 0:\nsystem bytes     = %10zu\nin use bytes     = %10zu\n"
                    "Total (incl. mmap):\nsystem bytes     = %10zu\nin use bytes     = %10zu\n"
                    "max mmap regions = %10u\nmax mmap bytes   = %10u\n",
-                   s.mapped, s.committed, s.mapped, s.committed, 0u, 0u);
+                   s.mapped, s.in_use, s.mapped, s.in_use, 0u, 0u);
   if (n > 0) os_write_err(buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
   pthread_setcancelstate(old_state, NULL);
 }
@@ -133,11 +133,16 @@ TH_EXPORT int malloc_info(int options, FILE *fp) {
           "<total type=\"committed\" size=\"%zu\"/>\n"
           "<total type=\"committed_peak\" size=\"%zu\"/>\n"
           "<total type=\"cached\" size=\"%zu\"/>\n"
+          "<total type=\"in_use\" size=\"%zu\"/>\n"
+          "<total type=\"free_in_pages\" size=\"%zu\"/>\n"
+          "<total type=\"empty_pages\" size=\"%zu\"/>\n"
+          "<total type=\"metadata\" size=\"%zu\"/>\n"
+          "<total type=\"not_resident\" size=\"%zu\"/>\n"
           "<system type=\"current\" size=\"%zu\"/>\n"
           "<system type=\"max\" size=\"%zu\"/>\n"
           "</malloc>\n",
-          TH_VERSION_MAJOR, TH_VERSION_MINOR, s.mapped, s.committed, s.committed_peak, s.cached, s.mapped,
-          s.committed_peak);
+          TH_VERSION_MAJOR, TH_VERSION_MINOR, s.mapped, s.committed, s.committed_peak, s.cached, s.in_use,
+          s.free_in_pages, s.empty_pages, s.metadata, s.purged, s.mapped, s.committed_peak);
   return 0;
 }
 

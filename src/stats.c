@@ -44,6 +44,8 @@ void stats_cached(long delta) { add(COUNTER(cached), delta); }
 
 void stats_count(size_t *counter) { add((_Atomic(size_t) *)counter, 1); }
 
+void stats_add(size_t *counter, size_t n) { add((_Atomic(size_t) *)counter, (long)n); }
+
 /* Remote frees are counted when their page is collected, which a serialized explicit heap does about once
  * per allocation: one shared counter bumped by every thread was 16% of a 4-thread th:private run's profile
  * (perf, cpu-clock). Each thread counts in its own word and adds to the shared one in batches, when it
@@ -72,7 +74,8 @@ const char *const stats_names[] = {
     "allocs", "frees", "alloc_bytes", "free_bytes", "fresh_bytes", "reused_bytes",
 #define RANGES(what) "small_" what, "medium_" what, "large_" what, "huge_" what
     RANGES("alloc_blocks"), RANGES("free_blocks"), RANGES("alloc_bytes"), RANGES("free_bytes"),
-    RANGES("fresh_bytes"), "heap_lock_acquires", "heap_lock_waits"};
+    RANGES("fresh_bytes"), "heap_lock_acquires", "heap_lock_waits", "remaps_in_place", "remaps_moved",
+    "remap_bytes_not_copied"};
 #undef RANGES
 _Static_assert(sizeof stats_names / sizeof stats_names[0] == sizeof(th_stats_t) / sizeof(size_t),
                "a name per counter");

@@ -233,6 +233,11 @@ static void test_flow(void) {
                 b.reused_bytes > a.reused_bytes,
             "fresh %zu reused %zu of %zu allocated", b.fresh_bytes - a.fresh_bytes, b.reused_bytes - a.reused_bytes,
             b.alloc_bytes - a.alloc_bytes);
+  CHECK_MSG(b.remaps_in_place + b.remaps_moved - a.remaps_in_place - a.remaps_moved == 1 &&
+                b.remap_bytes_not_copied - a.remap_bytes_not_copied == ((size_t)3 << 20),
+            "the huge realloc from 3 to 7 MiB: %zu remaps, %zu bytes not copied",
+            b.remaps_in_place + b.remaps_moved - a.remaps_in_place - a.remaps_moved,
+            b.remap_bytes_not_copied - a.remap_bytes_not_copied);
   for (int i = 7000; i < HELD; i++) th_free(held[i]);
   for (int i = 0; i < FULL; i++)
     if (i % 64) th_free(full[i]);
