@@ -104,7 +104,8 @@ typedef struct th_stats_s {
   size_t empty_pages;     /* page slots with no block, still committed, waiting for the purge delay */
   size_t metadata;        /* segment headers and page descriptors, heap structs, the segment map */
   size_t purged;          /* mapped but not resident: returned to the OS, or never touched */
-  size_t in_use_peak;     /* the highest in_use any read has seen */
+  size_t in_use_peak;     /* the highest in_use seen: at every read, and at every huge allocation (with the
+                           * smaller blocks' part as of the last read) */
   /* Blocks and bytes allocated and freed since start, computed when read like the attribution (no counter on
    * the fast paths). Bytes are size-class sizes (huge blocks: the size asked for); a realloc of a huge block
    * counts as a free and an allocation. fresh: handed out from memory new from the OS (each of its pages

@@ -17,6 +17,10 @@
 static _Atomic(uint64_t) done_frees[TH_CLASS_COUNT], done_fresh[TH_CLASS_COUNT];
 static _Atomic(uint64_t) huge_blocks[2], huge_bytes[2], huge_fresh;
 static _Atomic(uint64_t) done_lock[2]; /* destroyed explicit heaps' lock acquisitions and waits */
+/* Bytes of live huge blocks, and the small, medium and large blocks' part of in_use at the last walk: at
+ * each huge allocation their sum is a candidate for in_use_peak, so that a program of short-lived huge
+ * blocks, which no walk may catch live, still shows its peak. */
+static _Atomic(uint64_t) huge_live, paged_in_use;
 
 static void add(_Atomic(uint64_t) *c, uint64_t n) { atomic_fetch_add_explicit(c, n, memory_order_relaxed); }
 static uint64_t get(_Atomic(uint64_t) *c) { return atomic_load_explicit(c, memory_order_relaxed); }
@@ -38,6 +42,12 @@ void attribution_huge(bool alloc, size_t size, bool fresh) {
   add(&huge_blocks[!alloc], 1);
   add(&huge_bytes[!alloc], size);
   if (alloc && fresh) add(&huge_fresh, size);
+  if (!alloc) {
+    atomic_fetch_sub_explicit(&huge_live, size, memory_order_relaxed);
+    return;
+  }
+  uint64_t live = atomic_fetch_add_explicit(&huge_live, size, memory_order_relaxed) + size;
+  stats_peak_in_use((size_t)(live + get(&paged_in_use)));
 }
 
 /* What the walk adds to the folded flows, per class: a live page's allocations not yet folded (used and its
@@ -46,6 +56,7 @@ void attribution_huge(bool alloc, size_t size, bool fresh) {
 typedef struct walk_flow_s {
   uint64_t allocs[TH_CLASS_COUNT], frees[TH_CLASS_COUNT];
   const th_heap_t *only;
+  size_t huge_in_use;
 } walk_flow_t;
 
 /* Is h the heap `only` or one of its shards? Heap structs are never unmapped, so h may be read. */
@@ -91,6 +102,7 @@ static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out,
     /* The header shares the block's first OS page; the rest of the block's last page is slack. */
     out->metadata += offset < ps ? 0 : align_up(offset, ps) - ps;
     out->in_use += seg->huge_size;
+    flow->huge_in_use += seg->huge_size;
     out->free_in_pages += seg->huge_committed - offset - seg->huge_size;
     return;
   }
@@ -196,6 +208,7 @@ static void compute(th_stats_t *out, const th_heap_t *only) {
     walk_segment((const th_segment_t *)(i << TH_SEGMENT_SHIFT), &b, out, &flow);
   }
   flow_compute(out, &flow);
+  if (only == NULL) atomic_store_explicit(&paged_in_use, out->in_use - flow.huge_in_use, memory_order_relaxed);
   size_t ps = os_page_size();
   size_t map_bytes = only || hi <= lo ? 0 : align_up(hi, ps) - (lo & ~(ps - 1));
   size_t structs = 0;

@@ -338,6 +338,8 @@ TH_NOINLINE void *heap_malloc_slow(th_heap_t *heap, size_t size) {
       heap_collect_remote(heap);
       p = huge_alloc(owner, size, 16, false);
     }
+    /* A program of huge blocks (alloc, touch, free) is seen with its block live: publish after it. */
+    if (th_unlikely(th_options.stats_interval != 0)) export_tick(os_now_ms());
     return p;
   }
   th_page_t *page = heap_find_page(heap, size_class(size));

@@ -193,6 +193,8 @@ void stats_committed(long delta);
 void stats_cached(long delta);
 void stats_count(size_t *counter);
 void stats_add(size_t *counter, size_t n);
+/* in_use_peak rises to in_use if that is higher. */
+void stats_peak_in_use(size_t in_use);
 void stats_add_remote(size_t n);
 /* The calling thread's batched counts into the shared counters (th_stats_get and thread exit call it). */
 void stats_flush_thread(void);

@@ -85,6 +85,13 @@ void stats_os_call(uint64_t ns) {
   add(COUNTER(os_call_ns), (long)ns);
 }
 
+void stats_peak_in_use(size_t in_use) {
+  size_t peak = atomic_load_explicit(COUNTER(in_use_peak), memory_order_relaxed);
+  while (in_use > peak && !atomic_compare_exchange_weak_explicit(COUNTER(in_use_peak), &peak, in_use,
+                                                                  memory_order_relaxed, memory_order_relaxed)) {
+  }
+}
+
 void th_stats_get(th_stats_t *out) {
   if (out == NULL) return;
   stats_flush_thread();
@@ -93,11 +100,8 @@ void th_stats_get(th_stats_t *out) {
   for (size_t i = 0; i < sizeof(th_stats_t) / sizeof(size_t); i++)
     dst[i] = atomic_load_explicit(&src[i], memory_order_relaxed);
   attribution_compute(out);
-  size_t peak = atomic_load_explicit(COUNTER(in_use_peak), memory_order_relaxed);
-  while (out->in_use > peak && !atomic_compare_exchange_weak_explicit(COUNTER(in_use_peak), &peak, out->in_use,
-                                                                       memory_order_relaxed, memory_order_relaxed)) {
-  }
-  out->in_use_peak = out->in_use > peak ? out->in_use : peak;
+  stats_peak_in_use(out->in_use);
+  out->in_use_peak = atomic_load_explicit(COUNTER(in_use_peak), memory_order_relaxed);
 }
 
 /* th_stats_print's text into buf, its length returned: where the memory goes, as a table with a share of
