@@ -1,4 +1,4 @@
-"""threadheap's command-line tools: `threadheap bench` and `threadheap run`; `top` joins later.
+"""threadheap's command-line tools: `threadheap bench`, `threadheap run` and `threadheap top`.
 
 Only the standard library is imported at package level; the bench module keeps its third-party imports
 (rich, matplotlib) inside the functions that need them.
