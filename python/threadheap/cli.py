@@ -10,11 +10,12 @@ USAGE = """usage: threadheap COMMAND [ARGS...]
 
 commands:
   bench    run the benchmark suite against glibc and the peer allocators (threadheap bench --help)
-  run      run a program with threadheap preloaded: threadheap run [--stats] -- PROGRAM ARGS...
+  run      run a program with threadheap preloaded: threadheap run [--stats] [--record FILE.png] -- PROGRAM ARGS...
+  top      what memory costs running processes, whatever their allocator: threadheap top [PID...] (--help)
 """
 
 # name -> module under threadheap that has main(argv) -> int
-COMMANDS = {"bench": "threadheap.bench", "run": "threadheap.run"}
+COMMANDS = {"bench": "threadheap.bench", "run": "threadheap.run", "top": "threadheap.top"}
 
 
 def main(argv=None):

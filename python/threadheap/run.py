@@ -1,48 +1,75 @@
-"""`threadheap run [--stats] -- PROGRAM ARGS...`: run an unmodified program with threadheap preloaded.
+"""`threadheap run [--stats] [--record FILE] -- PROGRAM ARGS...`: run an unmodified program with threadheap
+preloaded, and tell the story of its memory at exit.
 
-Standard library only. Without --stats the command replaces itself with the program (exec), so the exit
-status, signals and the process id are the program's own. With --stats it forks, and the child sets
-THREADHEAP_STATS_PID to its own pid before it execs the program: only that process (not the children it
-starts, which inherit the environment) writes its counters at exit, into THREADHEAP_STATS_FILE. The parent
-waits with wait4, which also gives the resource usage of the program and of the children it waited for, and
-prints both on stderr. The same effect without Python:
+Standard library only (--record imports matplotlib when it draws). Without --stats or --record the command
+replaces itself with the program (exec), so the exit status, signals and the process id are the program's
+own. With either, it forks; the child execs the program and the parent watches it:
+
+  - every --record-interval (0.1 s) it samples the program's /proc files and threadheap's live export
+    (docs/live-export.md, /dev/shm/threadheap.<pid>), waiting on a pidfd so that the program's exit ends the
+    wait at once. The export is published every sampling interval unless THREADHEAP_STATS_INTERVAL is set;
+  - with --stats the child sets THREADHEAP_STATS_PID to its own pid before the exec: only that process (not
+    the children it starts, which inherit the environment) writes its counters at exit, into
+    THREADHEAP_STATS_FILE. wait4 gives the resource usage of the program and of the children it waited for.
+    run_stats.report prints on stderr where the time went (CPU, the allocator's system calls, first-touch
+    faults priced by a calibration of this machine), where the memory went (at exit and at the sampled
+    peak), who frees whose memory, and advice;
+  - with --record, run_record.draw writes a picture of the samples.
+
+The same counters without Python:
 
     LD_PRELOAD=/path/to/libthreadheap.so THREADHEAP_SHOW_STATS=1 PROGRAM ARGS...
 
 The library is $TH_LIB (the `threadheap` launcher sets it: next to bin/ in a build tree, the installed copy
-in an installed tree), else build/libthreadheap.so of the source tree this package sits in.
+in an installed tree), else build/libthreadheap.so of the source tree this package sits in. docs/run.md is the
+user's page.
 """
 
 import os
-import shlex
+import select
 import shutil
 import signal
 import sys
 import tempfile
 import time
-from itertools import zip_longest
+from dataclasses import dataclass
 from pathlib import Path
 
 PROG = "threadheap run"
-USAGE = f"usage: {PROG} [--stats] -- PROGRAM [ARGS...]\n"
+USAGE = (f"usage: {PROG} [--stats] [--record FILE.png|FILE.svg] [--record-interval SECONDS] -- PROGRAM [ARGS...]"
+         f"\n       {PROG} --calibrate\n")
 HELP = USAGE + """
 Runs PROGRAM with threadheap preloaded (LD_PRELOAD, ahead of any preload already set) and exits with its
 status; a program killed by a signal kills this command with the same signal.
 
-  --stats   at exit, print on stderr threadheap's counters for PROGRAM (not for its children) beside the
-            process's page faults, context switches, CPU time and peak RSS
+  --stats           at exit, print on stderr where PROGRAM's time went (user and kernel CPU, the
+                    allocator's own mmap/munmap/madvise time, minor page faults and their estimated cost),
+                    where threadheap's memory went at exit and at the sampled peak, the top remote-free
+                    pairs, threadheap's counters, and a line of advice when a cost is high (docs/run.md)
+  --record FILE     sample PROGRAM while it runs and draw RSS (split by threadheap's attribution), minor
+                    faults/s and context switches/s into FILE (.png or .svg; needs matplotlib)
+  --record-interval SECONDS
+                    sampling interval of --record and --stats (default 0.1)
+  --calibrate       measure this machine's cost of a minor page fault again (the touch workload, median of
+                    3 runs) and save it; --stats otherwise measures it once, on first need, and reuses it
+                    from $XDG_CACHE_HOME/threadheap/touch.json (~/.cache/threadheap/touch.json)
 
-The library is $TH_LIB, which the threadheap launcher sets.
+threadheap publishes its counters in /dev/shm/threadheap.<pid> for `threadheap top`: every second, or with
+--stats/--record every sampling interval, unless THREADHEAP_STATS_INTERVAL is set. The library is $TH_LIB,
+which the threadheap launcher sets.
 """
 
-# Counters of th_stats_t that are bytes (the others are counts).
-BYTE_COUNTERS = {"committed", "committed_peak", "mapped", "cached", "purged_bytes"}
-# Signals sent to `threadheap run --stats` that go on to the program. SIGINT and SIGQUIT from a terminal
+# Signals sent to a watching `threadheap run` that go on to the program. SIGINT and SIGQUIT from a terminal
 # reach the program through its process group already, so the parent ignores them, as a shell does.
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Signals that the program gets as they were when this command started. Python itself ignores SIGPIPE and
 # SIGXFSZ, and an ignored signal stays ignored across exec, so they are put back before the exec.
 RESTORED = FORWARDED + (signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ)
+SAMPLE_INTERVAL_S = 0.1
+MIN_INTERVAL_S = 0.01
+# The live export's interval when the user has not set one: every second for `threadheap top`; while
+# sampling, the sampling interval, so that the peak and the picture see each change.
+EXPORT_INTERVAL_MS = "1000"
 
 
 class RunError(Exception):
@@ -53,25 +80,98 @@ class RunError(Exception):
         self.status = status
 
 
+@dataclass
+class Options:
+    stats: bool = False
+    record: str = None
+    interval: float = SAMPLE_INTERVAL_S
+    calibrate: bool = False
+    command: list = None
+    help: bool = False
+
+
+def parse_interval(text):
+    """Seconds, as a plain number ('0.1') or with a unit ('100ms', '0.5s')."""
+    t = (text or "").strip().lower()
+    scale = 1.0
+    if t.endswith("ms"):
+        t, scale = t[:-2], 1e-3
+    elif t.endswith("s"):
+        t = t[:-1]
+    try:
+        value = float(t) * scale
+    except ValueError:
+        raise RunError(f"malformed --record-interval '{text}' (seconds, e.g. 0.1 or 100ms)") from None
+    if not value >= MIN_INTERVAL_S or value == float("inf"):
+        raise RunError(f"--record-interval must be at least {MIN_INTERVAL_S} s, not '{text}'")
+    return value
+
+
+def check_record_path(path):
+    """The error in a --record FILE, or None: a known suffix, a folder that exists and is writable."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".png", ".svg"):
+        return f"--record FILE must end in .png or .svg: '{path}'"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"--record: no folder {folder}"
+    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return f"--record: cannot write {path}: permission denied"
+    if os.path.isdir(path):
+        return f"--record: {path} is a folder"
+    return None
+
+
 def parse_args(argv):
-    """(stats, command) from the arguments; raises RunError on a malformed command line."""
-    if "--" not in argv:
-        if any(a in ("-h", "--help") for a in argv):
-            return None, None
-        raise RunError("missing '--' before the program: " + USAGE.strip())
-    split = argv.index("--")
-    stats = False
-    for a in argv[:split]:
+    """Options from the arguments; raises RunError on a malformed command line."""
+    opts = Options()
+    split = argv.index("--") if "--" in argv else len(argv)
+    head = argv[:split]
+    interval_given = False
+    i = 0
+    while i < len(head):
+        a = head[i]
+        name, eq, value = a.partition("=")
         if a in ("-h", "--help"):
-            return None, None
+            opts.help = True
+            return opts
         if a == "--stats":
-            stats = True
+            opts.stats = True
+        elif a == "--calibrate":
+            opts.calibrate = True
+        elif name in ("--record", "--record-interval"):
+            if not eq:
+                if i + 1 >= len(head) or head[i + 1].startswith("--"):
+                    raise RunError(f"{name} needs a value" + (" (FILE.png or FILE.svg)" if name == "--record"
+                                                              else " (seconds)"))
+                value = head[i + 1]
+                i += 1
+            if name == "--record":
+                if not value:
+                    raise RunError("--record needs a file name")
+                opts.record = value
+            else:
+                opts.interval = parse_interval(value)
+                interval_given = True
+        elif a.startswith("-"):
+            raise RunError(f"unknown option '{a}' (see {PROG} --help)")
         else:
-            raise RunError(f"unknown option '{a}': " + USAGE.strip())
-    command = argv[split + 1:]
-    if not command:
-        raise RunError("no program after '--': " + USAGE.strip())
-    return stats, command
+            raise RunError(f"missing '--' before the program '{a}' (see {PROG} --help)")
+        i += 1
+    if split == len(argv):
+        if opts.calibrate and not (opts.stats or opts.record or interval_given):
+            return opts
+        raise RunError(f"missing '--' before the program (see {PROG} --help)")
+    opts.command = argv[split + 1:]
+    if not opts.command:
+        raise RunError(f"no program after '--' (see {PROG} --help)")
+    if interval_given and not (opts.record or opts.stats):
+        raise RunError("--record-interval needs --record or --stats")
+    if opts.record:
+        problem = check_record_path(opts.record)
+        if problem:
+            raise RunError(problem)
+    return opts
 
 
 def find_library():
@@ -102,13 +202,14 @@ def find_program(name):
     return path
 
 
-def preload_env(lib, extra=None):
+def preload_env(lib, extra=None, export_interval_ms=EXPORT_INTERVAL_MS):
     """The environment for the program: the library ahead of any existing LD_PRELOAD, and the live export on
-    (every second, unless THREADHEAP_STATS_INTERVAL is set), so that `threadheap top` sees its counters."""
+    (every export_interval_ms, unless THREADHEAP_STATS_INTERVAL is set), so that `threadheap top` and the
+    sampler see its counters."""
     env = dict(os.environ)
     old = env.get("LD_PRELOAD", "").strip()
     env["LD_PRELOAD"] = lib + (":" + old if old else "")
-    env.setdefault("THREADHEAP_STATS_INTERVAL", "1000")
+    env.setdefault("THREADHEAP_STATS_INTERVAL", export_interval_ms)
     env.update(extra or {})
     return env
 
@@ -146,102 +247,144 @@ def exit_like(status):
     return os.WEXITSTATUS(status)
 
 
-def human_bytes(n):
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+def start_program(program, command, env, ignored, stats_path):
+    """Forks and execs the program; returns its pid once the exec has happened (or the child has failed and
+    exited 127), so that the first sample is of the program and not of this Python's copy. From the fork on,
+    the FORWARDED signals this command gets go to the program."""
+    ready_r, ready_w = os.pipe()  # close-on-exec: EOF at the exec
+    pid = os.fork()
+    if pid == 0:  # the child: name itself as the process that prints, then become the program
+        try:
+            os.close(ready_r)
+            restore_signals(ignored)
+            if stats_path:
+                env = dict(env, THREADHEAP_SHOW_STATS="1", THREADHEAP_STATS_FILE=stats_path,
+                           THREADHEAP_STATS_PID=str(os.getpid()))
+            os.execve(program, command, env)
+        except (OSError, ValueError) as e:
+            os.write(2, f"{PROG}: cannot run {command[0]}: {getattr(e, 'strerror', None) or e}\n".encode())
+        finally:
+            os._exit(127)
+    for sig in FORWARDED:
+        if not ignored[sig]:
+            signal.signal(sig, lambda s, _frame: os.kill(pid, s))
+    os.close(ready_w)
+    try:
+        while os.read(ready_r, 1):
+            pass
+    finally:
+        os.close(ready_r)
+    return pid
 
 
-def parse_counters(text):
-    """{name: value} from th_stats_print lines ("threadheap: committed 12345")."""
-    counters = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == "threadheap:" and parts[2].isdigit():
-            counters[parts[1]] = int(parts[2])
-    return counters
+def watch(pid, sampler, interval):
+    """Samples the program every interval until it exits; returns wait4's (status, rusage). Waits on a
+    pidfd, so the program's exit ends the wait at once; forwarded signals interrupt it and it goes on
+    (PEP 475)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None  # an old kernel or Python: polling with wait4(WNOHANG) and sleeps
+    try:
+        next_at = time.monotonic()
+        while True:
+            if pidfd is None:
+                done, status, rusage = os.wait4(pid, os.WNOHANG)
+                if done:
+                    return status, rusage
+            if time.monotonic() >= next_at:
+                sampler.sample()
+                next_at += interval
+                next_at = max(next_at, time.monotonic())  # after a stall, no burst of catch-up samples
+            wait = max(next_at - time.monotonic(), 0)
+            if pidfd is None:
+                time.sleep(min(wait, 0.02))
+            elif select.select([pidfd], [], [], wait)[0]:
+                _, status, rusage = os.wait4(pid, 0)
+                return status, rusage
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
-def report(command, status, rusage, seconds, counters):
-    """The --stats report: the process's symptoms on the left, threadheap's counters on the right."""
-    if os.WIFSIGNALED(status):
-        how = f"was killed by signal {os.WTERMSIG(status)} ({signal.Signals(os.WTERMSIG(status)).name})"
-    else:
-        how = f"exited with status {os.WEXITSTATUS(status)}"
-    left = [
-        ("minor page faults", f"{rusage.ru_minflt}"),
-        ("major page faults", f"{rusage.ru_majflt}"),
-        ("voluntary switches", f"{rusage.ru_nvcsw}"),
-        ("involuntary switches", f"{rusage.ru_nivcsw}"),
-        ("user CPU", f"{rusage.ru_utime:.3f} s"),
-        ("system CPU", f"{rusage.ru_stime:.3f} s"),
-        ("peak RSS", human_bytes(rusage.ru_maxrss * 1024)),
-    ]
-    right = [(k, human_bytes(v) if k in BYTE_COUNTERS else str(v)) for k, v in counters.items()]
-    if not right:
-        right = [("(no counters: the program ended without exit", ""),
-                 (" handlers (a signal, _exit: dash does),", ""),
-                 (" or threadheap was not loaded in it)", "")]
-    lines = [f"{PROG}: {shlex.join(command)} {how} after {seconds:.3f} s",
-             f"  {'process (wait4 rusage)':<34}   threadheap (this process only)"]
-    for (ln, lv), (rn, rv) in zip_longest(left, right, fillvalue=("", "")):
-        lines.append(f"  {ln:<21}{lv:>13}   {rn:<17}{rv:>12}".rstrip())
-    sys.stderr.write("\n".join(lines) + "\n")
+def run_watched(lib, opts, program, ignored):
+    from . import run_stats
 
-
-def run_with_stats(lib, command, program, ignored):
-    fd, stats_path = tempfile.mkstemp(prefix="threadheap-stats-")
-    os.close(fd)
+    stats_path = None
+    if opts.stats:
+        fd, stats_path = tempfile.mkstemp(prefix="threadheap-stats-")
+        os.close(fd)
+    interval_ms = str(max(1, round(opts.interval * 1000)))
+    env = preload_env(lib, export_interval_ms=interval_ms)
     try:
         for sig in (signal.SIGINT, signal.SIGQUIT):
             signal.signal(sig, signal.SIG_IGN)
+        parent_rss = run_stats.own_rss()
         start = time.monotonic()
-        pid = os.fork()
-        if pid == 0:  # the child: name itself as the process that prints, then become the program
-            try:
-                restore_signals(ignored)
-                env = preload_env(lib, {"THREADHEAP_SHOW_STATS": "1", "THREADHEAP_STATS_FILE": stats_path,
-                                        "THREADHEAP_STATS_PID": str(os.getpid())})
-                os.execve(program, command, env)
-            except OSError as e:
-                os.write(2, f"{PROG}: cannot run {command[0]}: {e.strerror}\n".encode())
-            os._exit(127)
-        for sig in FORWARDED:
-            if not ignored[sig]:
-                signal.signal(sig, lambda s, _frame: os.kill(pid, s))
-        _, status, rusage = os.wait4(pid, 0)  # retried after a forwarded signal (PEP 475)
-        seconds = time.monotonic() - start
+        pid = start_program(program, opts.command, env, ignored, stats_path)
+        sampler = run_stats.Sampler(pid, start, keep=bool(opts.record))
+        status, rusage = watch(pid, sampler, opts.interval)
+        wall = time.monotonic() - start
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_DFL)
-        with open(stats_path, encoding="utf-8", errors="replace") as f:
-            counters = parse_counters(f.read())
+        text = ""
+        if stats_path:
+            with open(stats_path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
     finally:
-        os.unlink(stats_path)
-    report(command, status, rusage, seconds, counters)
+        if stats_path:
+            os.unlink(stats_path)
+    if opts.stats:
+        cal = run_stats.calibrate()
+        sys.stderr.write(run_stats.report(opts.command, status, rusage, wall, run_stats.parse_counters(text),
+                                          sampler, cal, env.get("THREADHEAP_STATS_INTERVAL", ""),
+                                          run_stats.parse_exit_pairs(text), parent_rss))
+    if opts.record:
+        from . import run_record
+
+        try:
+            run_record.draw(opts.record, sampler.samples, opts.command, status, wall)
+            sys.stderr.write(f"{PROG}: recorded {len(sampler.samples)} samples in {opts.record}\n")
+        except Exception as e:  # the program's status stands; the drawing's failure is said in one line
+            reason = " ".join(str(e).split())  # one line, whatever the exception's text
+            sys.stderr.write(f"{PROG}: cannot draw {opts.record}: {type(e).__name__}: {reason}\n")
     return exit_like(status)
 
 
 def main(argv):
     try:
-        stats, command = parse_args(list(argv))
-        if command is None:
+        opts = parse_args(list(argv))
+        if opts.help:
             sys.stdout.write(HELP)
             return 0
+        if opts.record:
+            from . import run_record
+
+            problem = run_record.check_matplotlib()
+            if problem:
+                raise RunError(f"--record needs matplotlib ({problem}); install it, e.g. pip install matplotlib")
+        if opts.calibrate:
+            from . import run_stats
+
+            cal = run_stats.calibrate(force=True)
+            if cal.us_per_fault is None:
+                raise RunError(f"not calibrated: {cal.error}", 1)
+            sys.stderr.write(run_stats.calibration_line(cal) + "\n")
+            if opts.command is None:
+                return 0
         lib = find_library()
-        program = find_program(command[0])
+        program = find_program(opts.command[0])
     except RunError as e:
         sys.stderr.write(f"{PROG}: {e}\n")
         return e.status
     ignored = inherited_dispositions()
-    if not stats:
+    if not (opts.stats or opts.record):
         sys.stdout.flush()
         sys.stderr.flush()
         try:
             restore_signals(ignored)
-            os.execve(program, command, preload_env(lib))
+            os.execve(program, opts.command, preload_env(lib))
         except OSError as e:
-            sys.stderr.write(f"{PROG}: cannot run {command[0]}: {e.strerror}\n")
+            sys.stderr.write(f"{PROG}: cannot run {opts.command[0]}: {e.strerror}\n")
             return 126
-    return run_with_stats(lib, command, program, ignored)
+    return run_watched(lib, opts, program, ignored)

@@ -1,0 +1,126 @@
+"""`threadheap run --record FILE.png|FILE.svg`: the picture of a run, drawn at exit from the Sampler's samples.
+
+Three panels over the seconds since the program started: RSS, split by threadheap's attribution when the
+live export was there (in use, free in pages, empty pages, cached, metadata, and the rest of RSS: code,
+libraries, stacks, memory not from threadheap, and what changed since the export's last publication), else
+by /proc/PID/status's anonymous and file-backed parts; minor page faults per second; voluntary and
+involuntary context switches per second, summed over the program's threads. matplotlib (Agg backend) is
+imported only here, when drawing.
+"""
+
+import os
+import shlex
+from pathlib import Path
+
+from .run_stats import ATTRIBUTION, ATTRIBUTION_LABELS, MIB, how_it_ended
+
+FORMATS = (".png", ".svg")
+FIGSIZE = (11, 8.5)   # inches; at DPI, a 1100 x 850 PNG
+DPI = 100
+COLORS = {"in_use": "#1f77b4", "free_in_pages": "#ff7f0e", "empty_pages": "#ffbb78", "cached": "#2ca02c",
+          "metadata": "#9467bd", "other": "#c7c7c7", "anon": "#1f77b4", "file": "#aec7e8"}
+
+
+def check_matplotlib():
+    """None if matplotlib can be imported, else the reason (for the one-line error before the program runs)."""
+    try:
+        import matplotlib  # noqa: F401  (pyplot, the slow import, waits for the drawing)
+    except Exception as e:  # an ImportError, or a broken install raising something else
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def machine_line():
+    u = os.uname()
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = ", " + line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{u.nodename}: {u.sysname} {u.release} {u.machine}, {os.cpu_count()} cores{cpu}"
+
+
+def rates(samples, field):
+    """(edges, per-second rates): the rate of each interval between consecutive samples, for ax.stairs. A
+    counter that went down (a thread exited and took its switches out of the sum) counts as no change."""
+    edges, values = [], []
+    for a, b in zip(samples, samples[1:]):
+        dt = b.t - a.t
+        if dt <= 0:
+            continue
+        if not edges or edges[-1] != a.t:
+            if edges:  # a gap (a skipped sample): no value over it
+                values.append(float("nan"))
+            edges.append(a.t)
+        edges.append(b.t)
+        values.append(max(getattr(b, field) - getattr(a, field), 0) / dt)
+    return edges, values
+
+
+def draw(path, samples, command, status, wall):
+    """Writes the picture to path (its suffix picks PNG or SVG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_mem, ax_flt, ax_cs) = plt.subplots(3, 1, figsize=FIGSIZE, sharex=True,
+                                                gridspec_kw={"height_ratios": [2, 1, 1]})
+    title = f"threadheap run: {shlex.join(command)}"
+    if len(title) > 110:
+        title = title[:107] + "..."
+    title = title.replace("$", r"\$")  # not mathtext
+    fig.suptitle(f"{title}\n{how_it_ended(status)} after {wall:.2f} s; {machine_line()}", fontsize=10)
+    t = [s.t for s in samples]
+
+    if any(s.parts is not None for s in samples):
+        # Before the first publication there is nothing to split: that RSS shows as "other".
+        stacks = [[(s.parts or {}).get(k, 0) / MIB for s in samples] for k in ATTRIBUTION]
+        other = [max(s.rss - (s.held or 0), 0) / MIB for s in samples]
+        labels = [ATTRIBUTION_LABELS[k] for k in ATTRIBUTION] + \
+            ["rest of RSS (not threadheap's, or newer than its export)"]
+        ax_mem.stackplot(t, *stacks, other, labels=labels,
+                         colors=[COLORS[k] for k in ATTRIBUTION] + [COLORS["other"]], alpha=0.9)
+        ax_mem.set_title("RSS by threadheap's attribution (live export)", fontsize=9)
+    else:
+        anon = [s.rss_anon / MIB for s in samples]
+        file_ = [max(s.rss - s.rss_anon, 0) / MIB for s in samples]
+        ax_mem.stackplot(t, anon, file_, labels=["anonymous", "file-backed and shared"],
+                         colors=[COLORS["anon"], COLORS["file"]], alpha=0.9)
+        ax_mem.set_title("RSS (/proc/PID/status; no live export from threadheap)", fontsize=9)
+    ax_mem.plot(t, [s.rss / MIB for s in samples], color="black", linewidth=0.8, label="RSS",
+                marker="." if len(samples) < 50 else None, markersize=3)
+    ax_mem.set_ylabel("MiB")
+    ax_mem.set_ylim(bottom=0)
+    ax_mem.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+
+    edges, values = rates(samples, "minflt")
+    if values:
+        ax_flt.stairs(values, edges, color="#d62728")
+    ax_flt.set_ylabel("minor faults/s")
+    ax_flt.set_ylim(bottom=0)
+    ax_flt.set_title("minor page faults per second", fontsize=9)
+
+    for field in ("voluntary", "involuntary"):
+        edges, values = rates(samples, field)
+        if values:
+            ax_cs.stairs(values, edges, label=field)
+    ax_cs.set_ylabel("switches/s")
+    ax_cs.set_ylim(bottom=0)
+    ax_cs.set_title("context switches per second, all threads", fontsize=9)
+    if len(samples) >= 2:
+        ax_cs.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+    ax_cs.set_xlabel("seconds since start")
+    for ax in (ax_mem, ax_flt, ax_cs):
+        ax.grid(alpha=0.3)
+        ax.set_xlim(0, max(wall, t[-1] if t else 0, 1e-3))
+    if len(samples) < 2:
+        ax_flt.text(0.5, 0.5, "the program ended before a second sample", transform=ax_flt.transAxes,
+                    ha="center", va="center", fontsize=9, color="gray")
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(Path(path), dpi=DPI, format=Path(path).suffix[1:].lower())
+    plt.close(fig)
