@@ -25,23 +25,47 @@ static _Atomic(uint64_t) huge_live, paged_in_use;
 static void add(_Atomic(uint64_t) *c, uint64_t n) { atomic_fetch_add_explicit(c, n, memory_order_relaxed); }
 static uint64_t get(_Atomic(uint64_t) *c) { return atomic_load_explicit(c, memory_order_relaxed); }
 
+/* Owner-only counters: a relaxed load and store, no locked instruction. */
+static void bump(_Atomic(uint64_t) *c, uint64_t n) {
+  atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n, memory_order_relaxed);
+}
+
 void attribution_fold(th_heap_t *heap) {
+  th_heap_flow_t *f = &heap->flow;
   for (size_t c = 0; c < TH_CLASS_COUNT; c++) {
-    add(&done_frees[c], get(&heap->flow.frees[c]));
-    add(&done_fresh[c], get(&heap->flow.fresh[c]));
-    atomic_store_explicit(&heap->flow.frees[c], 0, memory_order_relaxed);
-    atomic_store_explicit(&heap->flow.fresh[c], 0, memory_order_relaxed);
+    add(&done_frees[c], get(&f->frees[c]));
+    add(&done_fresh[c], get(&f->fresh[c]));
+    atomic_store_explicit(&f->frees[c], 0, memory_order_relaxed);
+    atomic_store_explicit(&f->fresh[c], 0, memory_order_relaxed);
   }
+  for (size_t i = 0; i < 2; i++) {
+    add(&huge_blocks[i], get(&f->huge_blocks[i]));
+    add(&huge_bytes[i], get(&f->huge_bytes[i]));
+    atomic_store_explicit(&f->huge_blocks[i], 0, memory_order_relaxed);
+    atomic_store_explicit(&f->huge_bytes[i], 0, memory_order_relaxed);
+  }
+  add(&huge_fresh, get(&f->huge_fresh));
+  atomic_store_explicit(&f->huge_fresh, 0, memory_order_relaxed);
   add(&done_lock[0], get(&heap->lock_acquires));
   add(&done_lock[1], get(&heap->lock_waits));
   atomic_store_explicit(&heap->lock_acquires, 0, memory_order_relaxed);
   atomic_store_explicit(&heap->lock_waits, 0, memory_order_relaxed);
 }
 
+/* Counted in the calling thread's own heap (no locked instruction: the huge path is a few dozen ns when the
+ * cache serves it), or process-wide for a thread without one. Live huge bytes, for in_use_peak, are one
+ * shared counter. */
 void attribution_huge(bool alloc, size_t size, bool fresh) {
-  add(&huge_blocks[!alloc], 1);
-  add(&huge_bytes[!alloc], size);
-  if (alloc && fresh) add(&huge_fresh, size);
+  th_heap_t *me = th_heap_tls;
+  if (me != &th_heap_empty) {
+    bump(&me->flow.huge_blocks[!alloc], 1);
+    bump(&me->flow.huge_bytes[!alloc], size);
+    if (alloc && fresh) bump(&me->flow.huge_fresh, size);
+  } else {
+    add(&huge_blocks[!alloc], 1);
+    add(&huge_bytes[!alloc], size);
+    if (alloc && fresh) add(&huge_fresh, size);
+  }
   if (!alloc) {
     atomic_fetch_sub_explicit(&huge_live, size, memory_order_relaxed);
     return;
@@ -177,11 +201,17 @@ static void flow_compute(th_stats_t *out, walk_flow_t *flow) {
     out->range_fresh_bytes[r] += fresh[c];
   }
   if (flow->only == NULL) { /* an explicit heap's huge blocks are in the walk's in_use only */
-    out->range_allocs[TH_KIND_HUGE] = get(&huge_blocks[0]);
-    out->range_frees[TH_KIND_HUGE] = get(&huge_blocks[1]);
-    out->range_alloc_bytes[TH_KIND_HUGE] = get(&huge_bytes[0]);
-    out->range_free_bytes[TH_KIND_HUGE] = get(&huge_bytes[1]);
-    out->range_fresh_bytes[TH_KIND_HUGE] = get(&huge_fresh);
+    uint64_t hb[2] = {get(&huge_blocks[0]), get(&huge_blocks[1])}, hy[2] = {get(&huge_bytes[0]), get(&huge_bytes[1])};
+    uint64_t hf = get(&huge_fresh);
+    for (th_heap_t *h = thread_heaps_all(); h; h = h->all_next) {
+      for (size_t i = 0; i < 2; i++) hb[i] += get(&h->flow.huge_blocks[i]), hy[i] += get(&h->flow.huge_bytes[i]);
+      hf += get(&h->flow.huge_fresh);
+    }
+    out->range_allocs[TH_KIND_HUGE] = hb[0];
+    out->range_frees[TH_KIND_HUGE] = hb[1];
+    out->range_alloc_bytes[TH_KIND_HUGE] = hy[0];
+    out->range_free_bytes[TH_KIND_HUGE] = hy[1];
+    out->range_fresh_bytes[TH_KIND_HUGE] = hf;
   }
   out->allocs = out->frees = out->alloc_bytes = out->free_bytes = out->fresh_bytes = 0;
   for (size_t r = 0; r < 4; r++) {

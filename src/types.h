@@ -182,6 +182,9 @@ typedef struct th_remote_pair_slot_s {
 typedef struct th_heap_flow_s {
   _Atomic(uint64_t) frees[TH_CLASS_COUNT];
   _Atomic(uint64_t) fresh[TH_CLASS_COUNT]; /* bytes carved from memory fresh from the OS */
+  /* Huge blocks allocated and freed by this heap's thread, whichever heap they belong to: [0] allocated,
+   * [1] freed (blocks, bytes); fresh bytes allocated straight from mmap. */
+  _Atomic(uint64_t) huge_blocks[2], huge_bytes[2], huge_fresh;
 } th_heap_flow_t;
 
 /* The owner id of a serialized explicit heap's segments: no thread's id, so every free is a remote free. */
