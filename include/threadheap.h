@@ -130,7 +130,9 @@ TH_API int th_heap_stats_get(th_heap_t *heap, th_stats_t *out);
 /* Who frees whose memory: remote frees (a block freed by a thread other than its owner) per pair of freeing
  * thread and owning thread, Linux thread ids (owner 0: blocks whose thread had exited; for an explicit
  * heap, its creator). Up to max pairs into out, the most frees first; returns how many (with out NULL: how
- * many there are). Each thread keeps its 8 largest owners; exited threads' pairs are kept too. */
+ * many there are). Each thread keeps its 8 largest owners; exited threads' pairs are kept too. Counted only
+ * with THREADHEAP_REMOTE_PAIRS=1, which the live export and THREADHEAP_SHOW_STATS turn on by default (it
+ * slows remote frees by about a quarter); otherwise there are none. */
 typedef struct th_remote_pair_s {
   int free_tid;
   int owner_tid;

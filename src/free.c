@@ -35,30 +35,41 @@ static inline bool free_push_local(th_page_t *page, th_block_t *b) {
  * with th_free's segment lookup passed on: a block start of a live page (a free page slot or a huge block
  * has capacity 0 and fails page_is_block) that is not tagged free is pushed with one CAS; the rest go to
  * free_slow, which checks everything. Kept out of th_free so the owner's path stays short. */
-TH_NOINLINE static void free_remote_new_pair(th_page_t *page, th_block_t *b, th_heap_t *owner) {
-  pairs_note_owner(owner);
-  page_push_remote(page, b);
-}
-
-TH_NOINLINE TH_HOT static void free_remote(th_segment_t *seg, th_block_t *b) {
+static inline void free_remote_push(th_segment_t *seg, th_block_t *b) {
   th_page_t *page = segment_page_of(seg, b);
   if (th_likely(page_is_block(page, b) && b->tag != free_tag(b))) {
     b->tag = free_tag(b);
     block_poison(b, page->block_size);
-    /* Who frees whose memory (pairs.c): one more free to the same owner as the last one (a compare and an
-     * add to memory), or a new pair, out of line. Counted before the push, so that both ways out stay tail
-     * calls and the path saves no register. */
-    th_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
-    th_remote_pair_slot_t *last = &th_heap_tls->remote[0];
-    if (th_unlikely(atomic_load_explicit(&last->owner, memory_order_relaxed) != owner)) {
-      free_remote_new_pair(page, b, owner);
-      return;
-    }
-    pairs_count_one(&last->count);
     page_push_remote(page, b);
     return;
   }
   free_slow(b);
+}
+
+/* The remote free when pairs are counted (THREADHEAP_REMOTE_PAIRS): one more free to the same owner as the
+ * last one, or a new pair (pairs.c), then the same push. A block that is not a live block start goes on to
+ * free_slow uncounted. */
+TH_COLD static void free_remote_count_pair(th_segment_t *seg, th_block_t *b) {
+  th_page_t *page = segment_page_of(seg, b);
+  if (page_is_block(page, b) && b->tag != free_tag(b)) {
+    th_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+    th_remote_pair_slot_t *last = &th_heap_tls->remote[0];
+    if (atomic_load_explicit(&last->owner, memory_order_relaxed) == owner) pairs_count_one(&last->count);
+    else pairs_note_owner(owner);
+  }
+  free_remote_push(seg, b);
+}
+
+/* Counting who frees whose memory is one test at the top, so that the push's code is the same with it off:
+ * a branch inside made the compiler address the page twice (44 instructions per remote free against 38,
+ * callgrind), and counting inline, even in three instructions, cost the producer/consumer benchmark 8-10%
+ * (docs/design.md). */
+TH_NOINLINE TH_HOT static void free_remote(th_segment_t *seg, th_block_t *b) {
+  if (th_unlikely(th_options.remote_pairs)) {
+    free_remote_count_pair(seg, b);
+    return;
+  }
+  free_remote_push(seg, b);
 }
 
 /* The fast path: owner thread, a block start, not tagged as free. No lock, no atomic read-modify-write;

@@ -178,6 +178,8 @@ typedef struct th_options_s {
   long stats_pid;    /* THREADHEAP_STATS_PID: only this process prints the counters at exit; 0: any */
   const char *stats_file; /* THREADHEAP_STATS_FILE: where the counters go at exit; NULL: stderr */
   long stats_interval; /* THREADHEAP_STATS_INTERVAL, ms: publish the counters this often (0: never) */
+  long remote_pairs;   /* THREADHEAP_REMOTE_PAIRS: count who frees whose memory; default: with the export
+                        * or SHOW_STATS on */
 } th_options_t;
 extern th_options_t th_options;
 void options_init(void);

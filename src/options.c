@@ -18,6 +18,7 @@ th_options_t th_options = {
     .huge_pages = 0,
     .stats_pid = 0,
     .stats_interval = 0,
+    .remote_pairs = -1,
     .stats_file = NULL,
 };
 
@@ -38,6 +39,7 @@ static const option_desc_t option_table[] = {
     {"THREADHEAP_STATS_PID", &th_options.stats_pid, 0, 1L << 31, false, NULL},
     {"THREADHEAP_STATS_FILE", NULL, 0, 0, false, &th_options.stats_file},
     {"THREADHEAP_STATS_INTERVAL", &th_options.stats_interval, 0, 3600L * 1000, false, NULL},
+    {"THREADHEAP_REMOTE_PAIRS", &th_options.remote_pairs, 0, 1, false, NULL},
 };
 
 /* Copies of the text options: the program may later rewrite its environment (setproctitle does). */
@@ -132,5 +134,8 @@ void options_init(void) {
       *o->value = v;
     }
   }
+  /* Who frees whose memory costs the remote free path a call (docs/design.md): counted by default only where
+   * someone will look, with the live export or the statistics at exit. */
+  if (th_options.remote_pairs < 0) th_options.remote_pairs = th_options.stats_interval > 0 || th_options.show_stats;
   print_options();
 }

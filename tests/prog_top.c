@@ -15,6 +15,9 @@
  *   prog_top handoff 2 SECONDS           a thread named "producer" mallocs 64-byte blocks and hands them over
  *                                        a ring to one named "consumer", which frees them: with threadheap,
  *                                        every free is a remote free of the same pair of threads.
+ *   prog_top steady MIB SECONDS          hold MIB MiB in 32 KiB blocks (written), then only malloc and free four
+ *                                        64-byte blocks in turn: a server between bursts, every call on
+ *                                        threadheap's fast paths.
  *
  * Threads are named "worker-N" (pthread_setname_np), so the tests can find them in /proc/PID/task. Each
  * mode exits by itself after SECONDS; the tests also kill it when they are done. The tests compile this file
@@ -99,7 +102,8 @@ static void refault(size_t bytes) {
 
 int main(int argc, char **argv) {
   if (argc != 4) {
-    fprintf(stderr, "usage: prog_top contention THREADS SECONDS | refault MIB SECONDS | handoff 2 SECONDS\n");
+    fprintf(stderr, "usage: prog_top contention THREADS SECONDS | refault MIB SECONDS | handoff 2 SECONDS | "
+                    "steady MIB SECONDS\n");
     return 2;
   }
   long n = atol(argv[2]);
@@ -116,6 +120,22 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(argv[1], "refault") && n >= 1) {
     refault((size_t)n << 20);
+    return 0;
+  }
+  if (!strcmp(argv[1], "steady") && n >= 1) {
+    size_t count = ((size_t)n << 20) / 32768;
+    void **held = malloc(count * sizeof *held);
+    for (size_t i = 0; held && i < count; i++) {
+      held[i] = malloc(32768);
+      if (held[i]) memset(held[i], 1, 32768);
+    }
+    void *ring[4] = {0};
+    for (unsigned long i = 0; now() < deadline; i++) {
+      for (int k = 0; k < 100000; k++, i++) {
+        free(ring[i & 3]);
+        ring[i & 3] = malloc(64);
+      }
+    }
     return 0;
   }
   if (!strcmp(argv[1], "handoff") && n == 2) {

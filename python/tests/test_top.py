@@ -688,6 +688,36 @@ def test_the_librarys_own_live_export(prog_top):
     assert any("producer/consumer" in h for h in r["hints"]), r["hints"]
 
 
+def test_steady_threadheap_program_reports_its_live_set(prog_top):
+    """A preloaded program that holds 64 MiB and then only mallocs and frees four small blocks (every call on the
+    fast paths) still publishes, and in_use_bytes is within 1% of what it holds."""
+    lib = REPO / "build" / "libthreadheap.so"
+    if not lib.exists() or b"THSTATS1" not in lib.read_bytes():
+        pytest.skip("build/libthreadheap.so has no live export")
+    env = glibc_env(LD_PRELOAD=str(lib), THREADHEAP_STATS_INTERVAL="100")
+    with started([prog_top, "steady", "64", "20"], env=env) as proc:
+        path = Path(procstat.export_path(proc.pid))
+        try:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                e = procstat.read_export(proc.pid)
+                if e is not None and e.counters.get("in_use", 0) >= 64 * MIB:
+                    break
+                time.sleep(0.05)
+            result = run_top("--once", "--json", "--interval", "0.5", proc.pid)
+        finally:
+            proc.kill()
+            proc.wait()
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    assert result.returncode == 0, result.stderr
+    [r] = json_lines(result.stdout)
+    th = r["threadheap"]
+    assert th is not None, "no live export seen"
+    assert abs(th["in_use_bytes"] - 64 * MIB) <= 0.01 * 64 * MIB, th["in_use_bytes"]
+    assert th["allocs_per_s"] > 0
+
+
 def test_process_list_marks_live_exports(tmp_path):
     write_export(tmp_path, os.getpid(), {"in_use": 1})  # this test process (alive, large enough to be listed)
     result = run_top("--once", "--json", "--interval", "0.2", "--limit", "500", "--export-dir", tmp_path)
