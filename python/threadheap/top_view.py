@@ -187,8 +187,10 @@ def _rich_table(headers, rows, left=(1,), styles=None):
 
     table = Table(box=None, pad_edge=False, header_style="bold", show_edge=False)
     for i, h in enumerate(headers):
+        # Numbers are never cut: only the text columns (the command) give up width on a narrow terminal.
+        width = max([len(str(h))] + [len(str(row[i])) for row in rows]) if i not in left else 8
         table.add_column(h, justify="left" if i in left else "right", no_wrap=True,
-                         overflow="ellipsis", ratio=1 if i in left else None)
+                         overflow="ellipsis", ratio=1 if i in left else None, min_width=width)
     for k, row in enumerate(rows):
         table.add_row(*(Text(str(c)) for c in row), style=(styles[k] if styles else None))
     return table
