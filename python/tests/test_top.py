@@ -905,6 +905,8 @@ def wait_file(path, seconds):
 
 def test_live_view_under_tmux(tmp_path, prog_top):
     if shutil.which("tmux") is None:
+        if os.environ.get("CI"):
+            pytest.fail("tmux is needed for the live-view test (apt-get install tmux)")
         pytest.skip("no tmux")
     try:
         import rich  # noqa: F401
