@@ -90,9 +90,10 @@ static bool heap_in(const th_heap_t *h, const th_heap_t *only) {
 
 /* Header and descriptors of the largest paged segment: 64 small pages. */
 #define WALK_PAGES_MAX (TH_SEGMENT_SIZE >> TH_SMALL_PAGE_SHIFT)
+/* Room for a copy of the header of the largest paged segment, aligned as a segment is (its page
+ * descriptors start at a fixed offset). */
 typedef struct walk_buf_s {
-  th_segment_t seg;
-  th_page_t pages[WALK_PAGES_MAX];
+  _Alignas(128) unsigned char bytes[offsetof(th_segment_t, pages) + WALK_PAGES_MAX * sizeof(th_page_t)];
 } walk_buf_t;
 
 static size_t pages_of_kind(unsigned kind) {
@@ -111,13 +112,14 @@ static size_t page_live_blocks(const th_page_t *page) {
 static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out, walk_flow_t *flow) {
   size_t ps = os_page_size();
   size_t head = offsetof(th_segment_t, pages);
-  if (os_read_self(&b->seg, at, head + sizeof(th_page_t)) != head + sizeof(th_page_t)) return;
-  const th_segment_t *seg = &b->seg;
+  th_segment_t *copy = (th_segment_t *)b->bytes;
+  if (os_read_self(copy, at, head + sizeof(th_page_t)) != head + sizeof(th_page_t)) return;
+  const th_segment_t *seg = copy;
   if (seg->kind > TH_KIND_HUGE || seg->size == 0 || seg->size % TH_SEGMENT_SIZE != 0 || seg->in_cache) return;
   if (!heap_in(atomic_load_explicit(&seg->heap, memory_order_relaxed), flow->only)) return;
   if (flow->only) out->mapped += seg->size;
   if (seg->kind == TH_KIND_HUGE) {
-    const th_page_t *page = &b->pages[0];
+    const th_page_t *page = &copy->pages[0];
     size_t offset = (size_t)(page->start - (const uint8_t *)at);
     if (atomic_load_explicit(&seg->huge_live, memory_order_relaxed) != 1 || offset >= seg->size ||
         seg->huge_committed < offset || seg->huge_committed > seg->size)
@@ -132,14 +134,14 @@ static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out,
   }
   size_t n = pages_of_kind(seg->kind);
   if (seg->page_count != n) return;
-  if (n > 1 && os_read_self(&b->pages[1], &at->pages[1], (n - 1) * sizeof(th_page_t)) != (n - 1) * sizeof(th_page_t))
+  if (n > 1 && os_read_self(&copy->pages[1], &at->pages[1], (n - 1) * sizeof(th_page_t)) != (n - 1) * sizeof(th_page_t))
     return;
   size_t header = segment_header_size(n);
   /* The header's last OS page is shared with page 0's first blocks: metadata counts it, page 0 does not. */
   size_t shared = align_up(header, ps) - (header & ~(ps - 1));
   out->metadata += align_up(header, ps);
   for (size_t i = 0; i < n; i++) {
-    const th_page_t *page = &b->pages[i];
+    const th_page_t *page = &copy->pages[i];
     size_t skip = i == 0 ? shared : 0;
     if (!page->in_use) {
       /* An estimate: a slot not purged since its last use is counted whole, carved or not. */
