@@ -11,7 +11,7 @@
 #include "os.h"
 
 /* Live explicit heaps, so that fork can take every heap lock. */
-static pthread_mutex_t explicit_list_lock = PTHREAD_MUTEX_INITIALIZER;
+static th_mutex_t explicit_list_lock = TH_MUTEX_INIT;
 static th_heap_t *explicit_list;
 
 static void list_push(th_heap_t *heap) {
@@ -80,8 +80,8 @@ static void explicit_init(th_heap_t *heap, unsigned flags, th_heap_t *parent) {
   heap_init(heap);
   heap->flags = flags | TH_HEAP_EXPLICIT;
   heap->thread_id = (flags & TH_HEAP_NO_SERIALIZE) ? thread_id() : TH_OWNER_SHARED;
-  pthread_mutex_init(&heap->lock, NULL);
-  pthread_mutex_init(&heap->huge_lock, NULL);
+  th_mutex_init(&heap->lock);
+  th_mutex_init(&heap->huge_lock);
   heap->magic = TH_HEAP_LIVE_MAGIC;
   heap->parent = parent;
   atomic_store_explicit(&heap->tid, os_thread_tid(), memory_order_relaxed);
@@ -185,8 +185,8 @@ static void destroy_one(th_heap_t *heap) {
   stats_committed(-(long)heap->stat.committed);
   heap->stat.committed = 0;
   if (locked) th_unlock(&heap->lock);
-  pthread_mutex_destroy(&heap->lock);
-  pthread_mutex_destroy(&heap->huge_lock);
+  pthread_mutex_destroy(&heap->lock.m);
+  pthread_mutex_destroy(&heap->huge_lock.m);
   heap->flags = 0;
   heap->parent = NULL;
   attribution_fold(heap);
@@ -276,29 +276,22 @@ TH_API void *th_heap_realloc(th_heap_t *heap, void *p, size_t size) {
 
 /* ---- fork: every explicit heap's locks, after the list lock; released (or reset in the child) after. */
 
-void explicit_lock_all(void) {
-  th_lock(&explicit_list_lock);
+void explicit_lock_all(unsigned level) {
+  thread_lock_for_fork(&explicit_list_lock, level);
   for (th_heap_t *h = explicit_list; h; h = h->explicit_next) {
     for (uint32_t i = 0; i < h->nshards; i++) {
-      th_lock(&h->shard[i]->lock);
-      th_lock(&h->shard[i]->huge_lock);
+      thread_lock_for_fork(&h->shard[i]->lock, level);
+      thread_lock_for_fork(&h->shard[i]->huge_lock, level);
     }
   }
 }
 
-void explicit_unlock_all(bool child) {
+void explicit_unlock_all(unsigned level, bool child) {
   for (th_heap_t *h = explicit_list; h; h = h->explicit_next) {
     for (uint32_t i = 0; i < h->nshards; i++) {
-      th_heap_t *shard = h->shard[i];
-      if (child) {
-        pthread_mutex_init(&shard->lock, NULL);
-        pthread_mutex_init(&shard->huge_lock, NULL);
-      } else {
-        th_unlock(&shard->huge_lock);
-        th_unlock(&shard->lock);
-      }
+      thread_unlock_after_fork(&h->shard[i]->huge_lock, level, child);
+      thread_unlock_after_fork(&h->shard[i]->lock, level, child);
     }
   }
-  if (child) pthread_mutex_init(&explicit_list_lock, NULL);
-  else th_unlock(&explicit_list_lock);
+  thread_unlock_after_fork(&explicit_list_lock, level, child);
 }

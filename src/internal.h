@@ -106,8 +106,8 @@ void segment_release(th_segment_t *seg);
 void segment_cache_purge(bool force);
 void segment_abandon(th_segment_t *seg);
 bool segment_try_adopt(th_heap_t *heap, th_kind_t kind);
-void segment_lock_all(void);
-void segment_unlock_all(bool child);
+void segment_lock_all(unsigned level);
+void segment_unlock_all(unsigned level, bool child);
 /* Map entries [lo, hi) hold every segment ever mapped (lo > hi before the first). */
 void segment_map_range(size_t *lo, size_t *hi);
 
@@ -123,8 +123,8 @@ void huge_disown(th_segment_t *seg);
 /* ---- explicit.c */
 void *explicit_huge_alloc(th_heap_t *heap, size_t size, size_t alignment, bool zero);
 void *explicit_huge_realloc(th_heap_t *heap, th_segment_t *seg, void *p, size_t size);
-void explicit_lock_all(void);
-void explicit_unlock_all(bool child);
+void explicit_lock_all(unsigned level);
+void explicit_unlock_all(unsigned level, bool child);
 
 /* ---- thread.c */
 extern __thread th_heap_t *th_heap_tls __attribute__((tls_model("initial-exec")));
@@ -144,6 +144,11 @@ th_heap_t *thread_heaps_all(void);
 extern _Atomic(uintptr_t) thread_fork_owner;
 /* Waits for m unless a fork begins meanwhile (see th_lock_unless_fork); true when m is held. */
 bool thread_lock_wait(pthread_mutex_t *m);
+/* fork_prepare's: take l for the fork at this level, unless this thread holds it or is taking or releasing
+ * it (a fork from a signal handler that interrupted it there); and after the fork, release (in the child:
+ * reset) what the prepare of this level took. */
+void thread_lock_for_fork(th_mutex_t *l, unsigned level);
+void thread_unlock_after_fork(th_mutex_t *l, unsigned level, bool child);
 
 /* ---- attribution.c */
 /* Fill out's attribution fields (in_use ... purged) from a walk of every segment; mapped and cached must be
@@ -214,19 +219,41 @@ static inline uintptr_t thread_id(void) { return (uintptr_t)__builtin_thread_poi
 /* Every slow-path lock is taken through these. Between threadheap's fork handlers the forking thread holds
  * all of them, with the data they guard consistent; fork handlers the program registered before threadheap's
  * run inside that window (their prepare after ours, their child before ours) and may allocate: for that
- * thread the lock is as good as held, so none is taken. Other threads take the lock, and wait. */
-static inline void th_lock(pthread_mutex_t *m) {
-  if (th_unlikely(atomic_load_explicit(&thread_fork_owner, memory_order_relaxed) == thread_id())) return;
-  pthread_mutex_lock(m);
+ * thread the lock is as good as held, so none is taken. Other threads take the lock, and wait. While a thread
+ * takes or releases a lock, th_lock_busy names it, and once it holds one, the lock's holder names the thread:
+ * so a fork from a signal handler that interrupted the thread there knows not to wait for it. */
+extern __thread th_mutex_t *th_lock_busy __attribute__((tls_model("initial-exec")));
+
+static inline bool th_fork_owner_is_me(void) {
+  return th_unlikely(atomic_load_explicit(&thread_fork_owner, memory_order_relaxed) == thread_id());
+}
+static inline void th_lock(th_mutex_t *l) {
+  if (th_fork_owner_is_me()) return;
+  th_lock_busy = l;
+  pthread_mutex_lock(&l->m);
+  atomic_store_explicit(&l->holder, thread_id(), memory_order_relaxed);
+  th_lock_busy = NULL;
 }
 /* true when the lock is now held (or skipped, see th_lock); false when another thread holds it. */
-static inline bool th_trylock(pthread_mutex_t *m) {
-  if (th_unlikely(atomic_load_explicit(&thread_fork_owner, memory_order_relaxed) == thread_id())) return true;
-  return pthread_mutex_trylock(m) == 0;
+static inline bool th_trylock(th_mutex_t *l) {
+  if (th_fork_owner_is_me()) return true;
+  th_lock_busy = l;
+  bool held = pthread_mutex_trylock(&l->m) == 0;
+  if (held) atomic_store_explicit(&l->holder, thread_id(), memory_order_relaxed);
+  th_lock_busy = NULL;
+  return held;
 }
-static inline void th_unlock(pthread_mutex_t *m) {
-  if (th_unlikely(atomic_load_explicit(&thread_fork_owner, memory_order_relaxed) == thread_id())) return;
-  pthread_mutex_unlock(m);
+static inline void th_unlock(th_mutex_t *l) {
+  if (th_fork_owner_is_me()) return;
+  th_lock_busy = l;
+  atomic_store_explicit(&l->holder, 0, memory_order_relaxed);
+  pthread_mutex_unlock(&l->m);
+  th_lock_busy = NULL;
+}
+static inline void th_mutex_init(th_mutex_t *l) {
+  pthread_mutex_init(&l->m, NULL);
+  atomic_store_explicit(&l->holder, 0, memory_order_relaxed);
+  l->fork_level = 0;
 }
 
 /* The locks that malloc, free and realloc of ordinary blocks may take (the segment cache, the abandoned
@@ -237,10 +264,13 @@ static inline void th_unlock(pthread_mutex_t *m) {
  * lock that fork waits for. So: false, without the lock, once a fork has begun and the lock is busy; the caller
  * then does without (maps instead of taking from the cache, unmaps instead of caching, skips a purge or an
  * adoption), touching only memory no lock guards. Otherwise the lock is held (or skipped, see th_lock). */
-static inline bool th_lock_unless_fork(pthread_mutex_t *m) {
-  if (th_unlikely(atomic_load_explicit(&thread_fork_owner, memory_order_relaxed) == thread_id())) return true;
-  if (th_likely(pthread_mutex_trylock(m) == 0)) return true;
-  return thread_lock_wait(m);
+static inline bool th_lock_unless_fork(th_mutex_t *l) {
+  if (th_fork_owner_is_me()) return true;
+  th_lock_busy = l;
+  bool held = th_likely(pthread_mutex_trylock(&l->m) == 0) || thread_lock_wait(&l->m);
+  if (held) atomic_store_explicit(&l->holder, thread_id(), memory_order_relaxed);
+  th_lock_busy = NULL;
+  return held;
 }
 
 /* Size class of a request: multiples of 16 to 128, then four classes per power of two (worst waste < 25%). */

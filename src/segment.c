@@ -12,7 +12,7 @@ _Atomic(uint8_t) th_segment_map[TH_MAP_ENTRIES];
  * size costs no mmap, no page faults and no kernel zeroing. Entries older than the purge delay, or past the
  * byte cap, are unmapped, always after the lock is released. While a fork is under way the cache is passed
  * by (th_lock_unless_fork): a take maps, a release unmaps, a purge waits for the next round. */
-static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static th_mutex_t cache_lock = TH_MUTEX_INIT;
 static th_segment_t *cache_first;
 static size_t cache_bytes;
 static _Atomic(size_t) cache_count; /* for a lock-free peek: a stale zero only costs a map */
@@ -21,7 +21,7 @@ static _Atomic(uint64_t) cache_next_purge_ms;
 /* Abandoned segments, one list per page kind; a thread short of pages adopts from here before mapping. An
  * exiting thread pushes its segments on abandoned_incoming without a lock (a thread may exit while another
  * forks); an adopter, under the lock, moves them to the lists. abandoned_count counts both. */
-static pthread_mutex_t abandoned_lock = PTHREAD_MUTEX_INITIALIZER;
+static th_mutex_t abandoned_lock = TH_MUTEX_INIT;
 static th_segment_t *abandoned[TH_KINDS_PAGED];      /* newest first */
 static th_segment_t *abandoned_last[TH_KINDS_PAGED]; /* oldest: adopted first, its blocks most likely freed */
 static _Atomic(th_segment_t *) abandoned_incoming;   /* linked through next, newest first */
@@ -400,17 +400,12 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
 
 /* ---- fork: the slow-path locks, taken before fork and released (or reset) after it */
 
-void segment_lock_all(void) {
-  th_lock(&abandoned_lock);
-  th_lock(&cache_lock);
+void segment_lock_all(unsigned level) {
+  thread_lock_for_fork(&abandoned_lock, level);
+  thread_lock_for_fork(&cache_lock, level);
 }
 
-void segment_unlock_all(bool child) {
-  if (child) {
-    pthread_mutex_init(&cache_lock, NULL);
-    pthread_mutex_init(&abandoned_lock, NULL);
-  } else {
-    th_unlock(&cache_lock);
-    th_unlock(&abandoned_lock);
-  }
+void segment_unlock_all(unsigned level, bool child) {
+  thread_unlock_after_fork(&cache_lock, level, child);
+  thread_unlock_after_fork(&abandoned_lock, level, child);
 }

@@ -18,7 +18,7 @@ static _Atomic(int) init_state; /* 0: not started, 1: running, 2: done */
  * ones wait in a pool for the next thread: heaps_pool under heaps_lock, and heaps_returned, a stack that
  * thread_struct_free pushes on without a lock (so that a thread exiting during a fork does not wait) and that
  * the next locked thread_struct_alloc takes whole. */
-static pthread_mutex_t heaps_lock = PTHREAD_MUTEX_INITIALIZER;
+static th_mutex_t heaps_lock = TH_MUTEX_INIT;
 static th_heap_t *heaps_pool;
 static _Atomic(th_heap_t *) heaps_returned;
 static uint8_t *heaps_chunk;
@@ -185,6 +185,10 @@ void thread_struct_free(th_heap_t *heap) {
 _Atomic(uintptr_t) thread_fork_owner;
 static _Atomic(unsigned) fork_pending;
 static unsigned fork_depth; /* nested forks inside the window; only the owner touches it */
+/* fork_prepare calls under way in this thread: 2 when a signal handler forks while this thread was in the
+ * middle of threadheap's own prepare handler. */
+static __thread unsigned fork_level __attribute__((tls_model("initial-exec")));
+__thread th_mutex_t *th_lock_busy __attribute__((tls_model("initial-exec")));
 
 bool thread_lock_wait(pthread_mutex_t *m) {
   /* Woken at least every millisecond to look at fork_pending: a fork that begins while this thread waits
@@ -194,15 +198,33 @@ bool thread_lock_wait(pthread_mutex_t *m) {
   return pthread_mutex_trylock(m) == 0;
 }
 
+void thread_lock_for_fork(th_mutex_t *l, unsigned level) {
+  /* Held, or being taken or released, by this thread: a signal handler interrupted it there. The code it
+   * interrupted finishes with the lock and releases it, in the parent and in the child alike. */
+  if (atomic_load_explicit(&l->holder, memory_order_relaxed) == thread_id() || th_lock_busy == l) return;
+  pthread_mutex_lock(&l->m);
+  atomic_store_explicit(&l->holder, thread_id(), memory_order_relaxed);
+  l->fork_level = level;
+}
+
+void thread_unlock_after_fork(th_mutex_t *l, unsigned level, bool child) {
+  if (l->fork_level != level) return;
+  l->fork_level = 0;
+  atomic_store_explicit(&l->holder, 0, memory_order_relaxed);
+  if (child) pthread_mutex_init(&l->m, NULL);
+  else pthread_mutex_unlock(&l->m);
+}
+
 static void fork_prepare(void) {
   if (atomic_load_explicit(&thread_fork_owner, memory_order_relaxed) == thread_id()) {
     fork_depth++;
     return;
   }
+  unsigned level = ++fork_level;
   atomic_fetch_add_explicit(&fork_pending, 1, memory_order_acq_rel);
-  th_lock(&heaps_lock);
-  explicit_lock_all();
-  segment_lock_all();
+  thread_lock_for_fork(&heaps_lock, level);
+  explicit_lock_all(level);
+  segment_lock_all(level);
   atomic_store_explicit(&thread_fork_owner, thread_id(), memory_order_relaxed);
 }
 
@@ -211,10 +233,11 @@ static void fork_parent(void) {
     fork_depth--;
     return;
   }
+  unsigned level = fork_level--;
   atomic_store_explicit(&thread_fork_owner, 0, memory_order_relaxed);
-  segment_unlock_all(false);
-  explicit_unlock_all(false);
-  th_unlock(&heaps_lock);
+  segment_unlock_all(level, false);
+  explicit_unlock_all(level, false);
+  thread_unlock_after_fork(&heaps_lock, level, false);
   atomic_fetch_sub_explicit(&fork_pending, 1, memory_order_acq_rel);
 }
 
@@ -223,11 +246,14 @@ static void fork_child(void) {
     fork_depth--;
     return;
   }
+  unsigned level = fork_level--;
   atomic_store_explicit(&thread_fork_owner, 0, memory_order_relaxed);
-  segment_unlock_all(true);
-  explicit_unlock_all(true);
-  pthread_mutex_init(&heaps_lock, NULL);
-  atomic_store_explicit(&fork_pending, 0, memory_order_relaxed);
+  segment_unlock_all(level, true);
+  explicit_unlock_all(level, true);
+  thread_unlock_after_fork(&heaps_lock, level, true);
+  /* A fork inside another's prepare (from a signal handler) leaves the outer prepare to finish: it still
+   * counts as pending. */
+  atomic_store_explicit(&fork_pending, fork_level, memory_order_relaxed);
   export_fork_child();
 }
 

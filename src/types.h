@@ -78,6 +78,18 @@ typedef enum th_delay_e {
 typedef struct th_heap_s th_heap_t;
 typedef struct th_segment_s th_segment_t;
 
+/* A slow-path lock (th_lock in internal.h). holder is the thread that holds it (its thread pointer), so that
+ * a fork from a signal handler that interrupted that thread inside the lock does not wait for it
+ * (fork_prepare skips it: the interrupted code finishes and releases it, in the parent and in the child).
+ * fork_level: the level of the fork_prepare that took it (0: not taken by one), so that each fork handler
+ * releases exactly what its own prepare took, also when one fork interrupts another's prepare. */
+typedef struct th_mutex_s {
+  pthread_mutex_t m;
+  _Atomic(uintptr_t) holder;
+  unsigned fork_level;
+} th_mutex_t;
+#define TH_MUTEX_INIT {PTHREAD_MUTEX_INITIALIZER, 0, 0}
+
 /* Invariants (page_is_valid checks them in debug builds):
  *   capacity <= reserved;   start + reserved * block_size <= page end
  *   page_used == capacity - |free| - |local_free|   (blocks in thread_free still count as used)
@@ -221,8 +233,8 @@ struct th_heap_s {
   _Atomic(size_t) huge_bytes;         /* committed bytes of the heap's huge blocks */
   th_segment_t *huge;                 /* the heap's huge blocks, under huge_lock */
   th_segment_t *reserve;              /* pinned segments (initial_size) with no page in use */
-  pthread_mutex_t lock;               /* serialized heaps: held by every allocation */
-  pthread_mutex_t huge_lock;          /* guards huge: any thread may free a huge block */
+  th_mutex_t lock;                    /* serialized heaps: held by every allocation */
+  th_mutex_t huge_lock;               /* guards huge: any thread may free a huge block */
   th_heap_t *explicit_next, *explicit_prev; /* the list of live explicit heaps, for fork */
   /* A serialized heap is split into shards, each a heap with its own lock and pages, so that threads
    * allocating at once take different locks. shard[0] == the heap itself; a shard's parent is the heap. */
