@@ -500,6 +500,15 @@ static void test_trim_and_info(void) {
   }
 }
 
+/* Everything fd gives until end of file (at most size - 1 bytes) into buf as a string; closes fd. */
+static void read_all(int fd, char *buf, size_t size) {
+  size_t len = 0;
+  ssize_t r;
+  while (len < size - 1 && (r = read(fd, buf + len, size - 1 - len)) > 0) len += (size_t)r;
+  buf[len] = '\0';
+  close(fd);
+}
+
 /* ---- malloc_stats (both allocators): glibc's summary lines, and no cancellation point */
 
 static int stats_pipe[2];
@@ -528,11 +537,7 @@ static void test_malloc_stats(void) {
   close(saved);
   close(stats_pipe[1]);
   char buf[8192];
-  size_t len = 0;
-  ssize_t r;
-  while (len < sizeof buf - 1 && (r = read(stats_pipe[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t)r;
-  buf[len] = '\0';
-  close(stats_pipe[0]);
+  read_all(stats_pipe[0], buf, sizeof buf);
   CHECK(made);
   CHECK_MSG(stats_returned == 1 && result == PTHREAD_CANCELED,
             "malloc_stats with a cancellation pending: returned %d, thread %s", stats_returned,
@@ -564,11 +569,7 @@ static void test_foreign(void) {
       }
       close(err[1]);
       char buf[512];
-      size_t len = 0;
-      ssize_t r;
-      while (len < sizeof buf - 1 && (r = read(err[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t)r;
-      buf[len] = '\0';
-      close(err[0]);
+      read_all(err[0], buf, sizeof buf);
       int status = 0;
       waitpid(pid, &status, 0);
       char want[128];

@@ -659,26 +659,35 @@ def test_live_export_counters_and_hints_end_to_end(tmp_path):
     assert q["threadheap"]["in_use_bytes"] == 50 * MIB and q["hints"] == []
 
 
-def test_the_librarys_own_live_export(prog_top):
-    """The reader against the writer of build/libthreadheap.so (src/export.c), when the build has it."""
+def top_of_preloaded(argv, ready=lambda export: True):
+    """`threadheap top --once --json` of argv run with build/libthreadheap.so preloaded and its live export on,
+    once ready(export) holds (or after 5 s); skips when the build has no export."""
     lib = REPO / "build" / "libthreadheap.so"
     if not lib.exists() or b"THSTATS1" not in lib.read_bytes():
         pytest.skip("build/libthreadheap.so has no live export")
     env = glibc_env(LD_PRELOAD=str(lib), THREADHEAP_STATS_INTERVAL="100")
-    with started([prog_top, "handoff", "2", "20"], env=env) as proc:
+    with started(argv, env=env) as proc:
         path = Path(procstat.export_path(proc.pid))
         try:
             deadline = time.monotonic() + 5
-            while not path.exists() and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
+                export = procstat.read_export(proc.pid)
+                if export is not None and ready(export):
+                    break
                 time.sleep(0.05)
             if not path.exists() and "libthreadheap" not in Path(f"/proc/{proc.pid}/maps").read_text():
                 pytest.skip("the library could not be preloaded (being rebuilt?)")
-            result = run_top("--once", "--json", "--interval", "0.5", proc.pid)
+            return run_top("--once", "--json", "--interval", "0.5", proc.pid)
         finally:
             proc.kill()
             proc.wait()
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()  # killed, the program could not remove its file
+
+
+def test_the_librarys_own_live_export(prog_top):
+    """The reader against the writer of build/libthreadheap.so (src/export.c), when the build has it."""
+    result = top_of_preloaded([prog_top, "handoff", "2", "20"])
     assert result.returncode == 0, result.stderr
     [r] = json_lines(result.stdout)
     th = r["threadheap"]
@@ -691,25 +700,8 @@ def test_the_librarys_own_live_export(prog_top):
 def test_steady_threadheap_program_reports_its_live_set(prog_top):
     """A preloaded program that holds 64 MiB and then only mallocs and frees four small blocks (every call on the
     fast paths) still publishes, and in_use_bytes is within 1% of what it holds."""
-    lib = REPO / "build" / "libthreadheap.so"
-    if not lib.exists() or b"THSTATS1" not in lib.read_bytes():
-        pytest.skip("build/libthreadheap.so has no live export")
-    env = glibc_env(LD_PRELOAD=str(lib), THREADHEAP_STATS_INTERVAL="100")
-    with started([prog_top, "steady", "64", "20"], env=env) as proc:
-        path = Path(procstat.export_path(proc.pid))
-        try:
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                e = procstat.read_export(proc.pid)
-                if e is not None and e.counters.get("in_use", 0) >= 64 * MIB:
-                    break
-                time.sleep(0.05)
-            result = run_top("--once", "--json", "--interval", "0.5", proc.pid)
-        finally:
-            proc.kill()
-            proc.wait()
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+    result = top_of_preloaded([prog_top, "steady", "64", "20"],
+                              ready=lambda export: export.counters.get("in_use", 0) >= 64 * MIB)
     assert result.returncode == 0, result.stderr
     [r] = json_lines(result.stdout)
     th = r["threadheap"]
