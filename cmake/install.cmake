@@ -33,6 +33,10 @@ install(FILES ${CMAKE_BINARY_DIR}/threadheap.pc DESTINATION ${CMAKE_INSTALL_LIBD
 
 set(TH_INSTALL_PYDIR ${CMAKE_INSTALL_DATADIR}/threadheap/python)
 install(DIRECTORY python/threadheap DESTINATION ${TH_INSTALL_PYDIR} PATTERN __pycache__ EXCLUDE)
+# The touch workload, which `threadheap run --stats` runs once to price a page fault on the machine.
+if(TARGET touch)
+  install(TARGETS touch RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/threadheap)
+endif()
 configure_file(cmake/threadheap-launcher.in ${CMAKE_BINARY_DIR}/threadheap-launcher @ONLY)
 install(PROGRAMS ${CMAKE_BINARY_DIR}/threadheap-launcher DESTINATION ${CMAKE_INSTALL_BINDIR}
   RENAME threadheap)
