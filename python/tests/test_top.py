@@ -628,7 +628,7 @@ def test_libthreadheap_in_maps_is_detected():
         result = run_top("--once", "--interval", "0.2", proc.pid)
     assert result.returncode == 0, result.stderr
     row = next(line for line in result.stdout.splitlines() if line.lstrip().startswith(str(proc.pid)))
-    assert row.split()[-1] == "lib"
+    assert "lib" in row.split(), row  # the TH column (`sleep 30` has no such word)
 
 
 def test_live_export_counters_and_hints_end_to_end(tmp_path):

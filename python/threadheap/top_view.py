@@ -30,8 +30,9 @@ BAR_PARTS = (("in_use_bytes", "in use", "#", "green"),
              ("rest", "rest of RSS", ".", "grey50"),
              ("purged_bytes", "purged (not resident)", "~", "blue"))
 
-PROCESS_HEADERS = ("PID", "COMMAND", "RSS", "ANON", "FILE", "LAZYFREE", "MINFLT/s", "MAJFLT/s", "VCSW/s",
-                   "ICSW/s", "USR%", "SYS%", "THR", "TH")
+# Most telling first: a narrow terminal crops the table from the right (major faults and LazyFree last).
+PROCESS_HEADERS = ("PID", "COMMAND", "RSS", "ANON", "FILE", "MINFLT/s", "VCSW/s", "ICSW/s", "USR%", "SYS%", "THR",
+                   "TH", "MAJFLT/s", "LAZYFREE")
 THREAD_HEADERS = ("TID", "NAME", "CPU%", "VCSW/s", "ICSW/s", "MINFLT/s")
 LIST_HEADERS = ("PID", "COMMAND", "RSS", "THR", "CPU%", "TH")
 COMMAND_WIDTH = 28
@@ -53,11 +54,10 @@ def threadheap_mark(r):
 
 def process_cells(r):
     return (str(r["pid"]), shorten(r["command"], COMMAND_WIDTH), human_bytes(r["rss_bytes"]),
-            human_bytes(r["rss_anon_bytes"]), human_bytes(r["rss_file_bytes"]), human_bytes(r["lazyfree_bytes"]),
-            rate_text(r["minor_faults_per_s"]), rate_text(r["major_faults_per_s"]),
+            human_bytes(r["rss_anon_bytes"]), human_bytes(r["rss_file_bytes"]), rate_text(r["minor_faults_per_s"]),
             rate_text(r["voluntary_switches_per_s"]), rate_text(r["involuntary_switches_per_s"]),
             percent_text(r["cpu_user_percent"]), percent_text(r["cpu_system_percent"]), str(r["threads"]),
-            threadheap_mark(r))
+            threadheap_mark(r), rate_text(r["major_faults_per_s"]), human_bytes(r["lazyfree_bytes"]))
 
 
 def gone_cells(t):
