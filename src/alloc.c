@@ -47,7 +47,8 @@ TH_API void *th_realloc(void *p, size_t size) {
   th_segment_t *seg;
   th_page_t *page;
   free_check_block(p, TH_OP_REALLOC, &seg, &page);
-  return alloc_realloc_checked(p, seg, page, size);
+  th_heap_t *pool = vg_realloc_begin(p); /* explicit heaps under valgrind (TH_VALGRIND); nothing otherwise */
+  return vg_realloc_end(pool, p, alloc_realloc_checked(p, seg, page, size), size);
 }
 
 /* th_realloc of a block free_check_block has passed. */

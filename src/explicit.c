@@ -133,6 +133,7 @@ TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max
     heap->reserve = seg;
   }
   stats_count(&th_stats_global.heaps_created);
+  vg_heap_new(heap);
   return heap;
 }
 
@@ -158,6 +159,7 @@ TH_API void th_heap_destroy(th_heap_t *heap) {
   if (heap == NULL) return;
   if (heap->magic != TH_HEAP_LIVE_MAGIC || !heap_is_explicit(heap) || heap->parent != NULL)
     report_heap_misuse("th_heap_destroy", "of a destroyed heap (or not a heap)", heap);
+  vg_heap_gone(heap);
   list_remove(heap);
   for (uint32_t i = 1; i < heap->nshards; i++) destroy_one(heap->shard[i]);
   heap->nshards = 1;
@@ -208,15 +210,15 @@ TH_NOINLINE static void *heap_malloc_other(th_heap_t *heap, size_t size) {
 /* The owner of a no-serialize heap takes th_malloc's path on the heap's own direct table: a serialized heap's
  * owner id (TH_OWNER_SHARED) and a destroyed heap's (0) are no thread's, so both go the other way. */
 TH_API void *th_heap_malloc(th_heap_t *heap, size_t size) {
-  if (th_likely(heap != NULL && heap->thread_id == thread_id())) return heap_malloc(heap, size);
-  return heap_malloc_other(heap, size);
+  if (th_likely(heap != NULL && heap->thread_id == thread_id())) return vg_alloc(heap_malloc(heap, size), size, false);
+  return vg_alloc(heap_malloc_other(heap, size), size, false);
 }
 
 void *explicit_huge_alloc(th_heap_t *heap, size_t size, size_t alignment, bool zero) {
   th_heap_t *shard = heap_enter(heap, "th_heap_malloc");
   void *p = huge_alloc(shard, size, alignment, zero);
   heap_leave(shard);
-  return p;
+  return vg_alloc(p, size, zero);
 }
 
 /* shard: the heap (or shard) the huge block belongs to; its lock guards the cap's count. */
@@ -245,6 +247,7 @@ TH_API void *th_heap_calloc(th_heap_t *heap, size_t count, size_t size) {
   if (total > TH_LARGE_MAX) return explicit_huge_alloc(heap, total, 16, true);
   void *p = th_heap_malloc(heap, total);
   if (p) memset(p, 0, total);
+  if (p) vg_defined(p, total);
   return p;
 }
 
@@ -266,12 +269,17 @@ TH_API void *th_heap_realloc(th_heap_t *heap, void *p, size_t size) {
   th_page_t *page;
   free_check_block(p, TH_OP_REALLOC, &seg, &page);
   th_heap_t *home = atomic_load_explicit(&seg->heap, memory_order_relaxed);
-  if (home != NULL && heap_outer(home) == heap) return alloc_realloc_checked(p, seg, page, size);
-  if (size == 0) {
+  th_heap_t *pool = vg_realloc_begin(p);
+  void *q;
+  if (home != NULL && heap_outer(home) == heap) {
+    q = alloc_realloc_checked(p, seg, page, size);
+  } else if (size == 0) {
     th_free(p);
-    return NULL;
+    q = NULL;
+  } else {
+    q = alloc_move(heap, p, page, size);
   }
-  return alloc_move(heap, p, page, size);
+  return vg_realloc_end(pool, p, q, size);
 }
 
 /* ---- fork: every explicit heap's locks, after the list lock; released (or reset in the child) after. */

@@ -78,6 +78,7 @@ TH_NOINLINE TH_HOT static void free_remote(th_segment_t *seg, th_block_t *b) {
  * A page that empties is not retired here: heap_purge finds empty pages on its rounds, and a malloc/free
  * loop that empties its page again and again pays nothing for it. */
 TH_API TH_HOT void th_free(void *p) {
+  vg_free(p); /* explicit heaps under valgrind (TH_VALGRIND); nothing otherwise */
   uintptr_t region = (uintptr_t)p >> TH_SEGMENT_SHIFT;
   if (th_likely(region < TH_MAP_ENTRIES &&
                 atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) == 1)) {

@@ -12,6 +12,9 @@
 #ifdef TH_ASAN
 #include <sanitizer/asan_interface.h> /* before the pragma below: these come from the sanitizer runtime */
 #endif
+#ifdef TH_VALGRIND
+#include <valgrind/memcheck.h>
+#endif
 
 /* Nothing declared below leaves the library: saying so here, not only at the definitions, lets the compiler
  * address the globals the fast paths read (th_key, th_segment_map) directly instead of through the GOT. */
@@ -164,6 +167,28 @@ void attribution_huge(bool alloc, size_t size, bool fresh);
 void pairs_note_owner(th_heap_t *owner);
 /* At thread exit: the thread's pairs move to the process-wide table of exited threads. */
 void pairs_thread_done(th_heap_t *heap);
+
+/* ---- valgrind.c (the TH_VALGRIND build option): explicit heaps as memcheck memory pools; empty otherwise */
+#ifdef TH_VALGRIND
+void vg_heap_new(th_heap_t *heap);
+void vg_heap_gone(th_heap_t *heap);
+void *vg_alloc(void *p, size_t size, bool zeroed);
+void vg_free(void *p);
+th_heap_t *vg_realloc_begin(void *p);
+void *vg_realloc_end(th_heap_t *old, void *p, void *q, size_t size);
+void vg_defined(void *p, size_t size);
+#else
+static inline void vg_heap_new(th_heap_t *heap) { (void)heap; }
+static inline void vg_heap_gone(th_heap_t *heap) { (void)heap; }
+static inline void *vg_alloc(void *p, size_t size, bool zeroed) { (void)size, (void)zeroed; return p; }
+static inline void vg_free(void *p) { (void)p; }
+static inline th_heap_t *vg_realloc_begin(void *p) { (void)p; return NULL; }
+static inline void *vg_realloc_end(th_heap_t *old, void *p, void *q, size_t size) {
+  (void)old, (void)p, (void)size;
+  return q;
+}
+static inline void vg_defined(void *p, size_t size) { (void)p, (void)size; }
+#endif
 
 /* ---- export.c */
 /* THREADHEAP_STATS_INTERVAL: publish the counters if the interval has passed (slow paths call it). */
@@ -362,6 +387,11 @@ static inline void block_poison(void *b, size_t size) {
     ASAN_POISON_MEMORY_REGION((uint8_t *)b + sizeof(th_block_t), size - sizeof(th_block_t));
 }
 static inline void block_unpoison(void *b, size_t size) { ASAN_UNPOISON_MEMORY_REGION(b, size); }
+#elif defined(TH_VALGRIND)
+/* Under valgrind (TH_VALGRIND): a block handed out is accessible again, whatever memcheck was told at its
+ * last free (valgrind.c keeps freed explicit-heap blocks no-access past their list words). */
+static inline void block_poison(void *b, size_t size) { (void)b, (void)size; }
+static inline void block_unpoison(void *b, size_t size) { VALGRIND_MAKE_MEM_UNDEFINED(b, size); }
 #else
 static inline void block_poison(void *b, size_t size) { (void)b, (void)size; }
 static inline void block_unpoison(void *b, size_t size) { (void)b, (void)size; }

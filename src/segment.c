@@ -142,6 +142,7 @@ th_segment_t *segment_map_new(size_t size, th_kind_t kind) {
 void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched) {
   size_t pages = kind == TH_KIND_SMALL ? TH_SEGMENT_SIZE >> TH_SMALL_PAGE_SHIFT
                : kind == TH_KIND_MEDIUM ? TH_SEGMENT_SIZE >> TH_MEDIUM_PAGE_SHIFT : 1;
+  vg_defined(seg, size); /* under valgrind: a reused segment's freed blocks were no-access */
   memset(seg, 0, segment_header_size(pages));
   seg->size = size;
   seg->kind = (uint8_t)kind;
