@@ -3,7 +3,7 @@ BUILD ?= build
 CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc)
 
-.PHONY: all test test-stress tsan asan bench clean
+.PHONY: all test test-stress test-soak tsan asan bench clean
 
 all: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -11,14 +11,20 @@ all: $(BUILD)/build.ninja
 $(BUILD)/build.ninja:
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 
-# Every test except the long stress runs (label "stress"), which `make test-stress` runs.
+# Every test except the long stress runs (label "stress", `make test-stress`), the soak (`make test-soak`)
+# and the minute of fuzzing (label "fuzzlong", which .ci/run runs).
 # The benchmark driver's tests need matplotlib, rich and pytest: bench/venv.sh makes the project's .venv once.
 test: all
 	bash bench/venv.sh
-	ctest --test-dir $(BUILD) --output-on-failure -j 2 -LE stress
+	ctest --test-dir $(BUILD) --output-on-failure -j 2 -LE 'stress|soak|fuzzlong'
 
 test-stress: all
 	ctest --test-dir $(BUILD) --output-on-failure -L stress
+
+# Ten minutes of threads exchanging blocks of 16 B-16 MiB, thread churn, forks and explicit heaps
+# (tests/test_soak.c): committed memory bounded, contents intact.
+test-soak: all
+	ctest --test-dir $(BUILD) --output-on-failure -L soak
 
 # The library's own tests under ThreadSanitizer (concurrency tests) and AddressSanitizer+UBSan (API tests).
 # These builds leave out the malloc overrides: the sanitizers bring their own malloc.
