@@ -6,7 +6,8 @@
  *   - calloc zeroing, also of memory just freed with non-zero contents, in every size range;
  *   - realloc: NULL, 0, growing and shrinking across the size ranges with contents kept, failure keeps the block;
  *   - free, and realloc(p, 0), keep errno; malloc(0) and realloc(NULL, 0) are unique;
- *   - a low RLIMIT_AS: malloc returns NULL (no crash), and works again once memory is freed (in a child);
+ *   - a low RLIMIT_AS: malloc returns NULL (no crash), and works again once memory is freed (in a child),
+ *     also with four threads running out at once;
  *   - mallopt, malloc_info; with threadheap also malloc_trim, mallinfo/mallinfo2 (and their saturation),
  *     malloc_stats, and malloc_usable_size/realloc of a pointer threadheap never returned. */
 #define _GNU_SOURCE
@@ -362,6 +363,18 @@ static size_t fill_until_null(void **slots, size_t max, size_t n, int *bad) {
   return got;
 }
 
+#define RLIMIT_THREADS 4
+static size_t rlimit_size;
+static void *rlimit_slots[RLIMIT_THREADS][50000];
+
+/* Fills until NULL, then frees: returns how many blocks it had, or -1 on a wrong errno. */
+static void *rlimit_thread(void *arg) {
+  int me = (int)(intptr_t)arg, bad = 0;
+  size_t got = fill_until_null(rlimit_slots[me], 50000, rlimit_size, &bad);
+  for (size_t i = 0; i < got; i++) free(rlimit_slots[me][i]);
+  return (void *)(intptr_t)((bad & 1) ? -1 : (intptr_t)got);
+}
+
 /* One size range per child, so that each starts from a fresh address space. */
 static int rlimit_child(size_t size, size_t other) {
   /* Cached memory the parent left (freed huge blocks) would serve the first blocks with no new mapping:
@@ -402,6 +415,33 @@ static int rlimit_child(size_t size, size_t other) {
     return 60;
   }
   for (size_t i = 0; i < n; i++) free(slots[i]);
+  /* Four threads run out at once: each gets NULL with ENOMEM (never a crash), and after they free, a
+   * block of the size serves again. Small stacks: they too come out of the limit. */
+  rlimit_size = size;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 << 10);
+  pthread_t t[RLIMIT_THREADS];
+  int made = 0;
+  for (int i = 0; i < RLIMIT_THREADS; i++) made += pthread_create(&t[i], &attr, rlimit_thread, (void *)(intptr_t)i) == 0;
+  if (made != RLIMIT_THREADS) return 70;
+  size_t total = 0;
+  for (int i = 0; i < RLIMIT_THREADS; i++) {
+    void *r;
+    pthread_join(t[i], &r);
+    if ((intptr_t)r < 0) {
+      fprintf(stderr, "size %zu: thread %d saw a wrong errno\n", size, i);
+      return 71;
+    }
+    total += (size_t)(intptr_t)r;
+  }
+  if (total + total / 8 + 8 < got / 2) {
+    fprintf(stderr, "size %zu: %zu blocks over %d threads, %zu in one\n", size, total, RLIMIT_THREADS, got);
+    return 72;
+  }
+  void *last = malloc(size);
+  if (last == NULL) return 73;
+  free(last);
   return 0;
 }
 
