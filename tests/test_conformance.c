@@ -2,7 +2,8 @@
  * malloc tests. The same source is built twice: linked to threadheap (run with --threadheap) and plain, on
  * glibc's malloc (run with --glibc), so every shared expectation is checked against glibc itself. Cases:
  *   - too-large requests at every entry point, the __libc_ aliases included: NULL and ENOMEM;
- *   - the error cases of posix_memalign, memalign and aligned_alloc;
+ *   - the error cases of posix_memalign, memalign and aligned_alloc; blocks of random alignments (16 B to
+ *     64 KiB) and sizes freed by another thread;
  *   - calloc zeroing, also of memory just freed with non-zero contents, in every size range;
  *   - realloc: NULL, 0, growing and shrinking across the size ranges with contents kept, failure keeps the block;
  *   - free, and realloc(p, 0), keep errno; malloc(0) and realloc(NULL, 0) are unique;
@@ -461,6 +462,75 @@ static void test_rlimit(void) {
   }
 }
 
+/* ---- aligned blocks of random alignments, freed by another thread (both allocators) */
+
+#define ALIGNED_RING 64
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  void *block[ALIGNED_RING];
+  size_t align[ALIGNED_RING], size[ALIGNED_RING];
+  unsigned head, tail;
+  int done;
+} ring = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {0}, {0}, {0}, 0, 0, 0};
+static int aligned_bad;
+
+static void *aligned_consumer(void *arg) {
+  (void)arg;
+  for (;;) {
+    pthread_mutex_lock(&ring.lock);
+    while (ring.head == ring.tail && !ring.done) pthread_cond_wait(&ring.cond, &ring.lock);
+    if (ring.head == ring.tail) {
+      pthread_mutex_unlock(&ring.lock);
+      return NULL;
+    }
+    unsigned k = ring.head++ % ALIGNED_RING;
+    unsigned char *p = ring.block[k];
+    size_t a = ring.align[k], n = ring.size[k];
+    pthread_cond_broadcast(&ring.cond);
+    pthread_mutex_unlock(&ring.lock);
+    if (((uintptr_t)p & (a - 1)) != 0 || p[0] != (unsigned char)a || p[n - 1] != (unsigned char)(n >> 4))
+      aligned_bad++;
+    free(p);
+  }
+}
+
+static void test_aligned_threads(void) {
+  pthread_t t;
+  if (!CHECK(pthread_create(&t, NULL, aligned_consumer, NULL) == 0)) return;
+  unsigned seed = 7;
+  int made = 0;
+  for (int i = 0; i < 20000; i++) {
+    size_t a = (size_t)16 << (rand_r(&seed) % 13); /* 16 B .. 64 KiB */
+    size_t n = 2 + (size_t)rand_r(&seed) % ((rand_r(&seed) % 16) ? 5000 : 3000000); /* first and last bytes differ */
+    void *p = NULL;
+    int how = rand_r(&seed) % 3;
+    if (how == 0) p = aligned_alloc(a, (n + a - 1) / a * a);
+    else if (how == 1) p = memalign(a, n);
+    else if (posix_memalign(&p, a, n) != 0) p = NULL;
+    if (p == NULL) {
+      aligned_bad++;
+      continue;
+    }
+    ((unsigned char *)p)[0] = (unsigned char)a;
+    ((unsigned char *)p)[n - 1] = (unsigned char)(n >> 4);
+    pthread_mutex_lock(&ring.lock);
+    while (ring.tail - ring.head == ALIGNED_RING) pthread_cond_wait(&ring.cond, &ring.lock);
+    unsigned k = ring.tail++ % ALIGNED_RING;
+    ring.block[k] = p, ring.align[k] = a, ring.size[k] = n;
+    pthread_cond_broadcast(&ring.cond);
+    pthread_mutex_unlock(&ring.lock);
+    made++;
+  }
+  pthread_mutex_lock(&ring.lock);
+  ring.done = 1;
+  pthread_cond_broadcast(&ring.cond);
+  pthread_mutex_unlock(&ring.lock);
+  pthread_join(t, NULL);
+  CHECK_MSG(aligned_bad == 0 && made == 20000, "%d of 20000 aligned blocks wrong or missing (%d made)", aligned_bad,
+            made);
+}
+
 /* ---- mallopt and malloc_info (both allocators) */
 
 static void test_mallopt_info(void) {
@@ -641,6 +711,7 @@ int main(int argc, char **argv) {
   test_errno();
   test_mallopt_info();
   test_rlimit();
+  test_aligned_threads(); /* after test_rlimit, like test_malloc_stats: glibc keeps a thread's arena */
   test_malloc_stats(); /* after test_rlimit: glibc keeps the thread's arena, which would change its counts */
   if (with_threadheap) {
     test_trim_and_info();

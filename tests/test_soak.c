@@ -7,7 +7,7 @@
  * now and then a worker makes an explicit heap, fills and half-frees it, and destroys it. The main thread
  * forks once a second; the child checks a few slots' blocks, allocates and exits. Once a second the main
  * thread samples threadheap's committed bytes; at the end the mean of the last quarter must be at most 1.2x
- * the mean of the second quarter (the first quarter is the warm-up).
+ * the mean of the second quarter (the first quarter is the warm-up), in runs of a minute or more.
  *
  * usage: test_soak [--seconds N] [--threads N]   (default 600 s, 6 threads) */
 #define _GNU_SOURCE
@@ -187,7 +187,10 @@ int main(int argc, char **argv) {
          forks, q2 / 1048576, q4 / 1048576, q2 > 0 ? q4 / q2 : 0);
   CHECK_MSG(atomic_load(&bad_blocks) == 0, "%ld blocks lost their contents", atomic_load(&bad_blocks));
   CHECK_MSG(forks_bad == 0, "%d of %d forks failed", forks_bad, forks);
-  CHECK_MSG(quarter > 0 && q4 <= 1.2 * q2, "committed grew: %.1f MiB in the last quarter, %.1f in the second",
-            q4 / 1048576, q2 / 1048576);
+  /* The slots take a minute or so to fill with their share of large blocks: a shorter run (the smoke run of
+   * `make test`) checks contents and forks, not the bound. */
+  if (seconds >= 60)
+    CHECK_MSG(quarter > 0 && q4 <= 1.2 * q2, "committed grew: %.1f MiB in the last quarter, %.1f in the second",
+              q4 / 1048576, q2 / 1048576);
   return check_summary();
 }
