@@ -25,11 +25,6 @@ static _Atomic(uint64_t) huge_live, paged_in_use;
 static void add(_Atomic(uint64_t) *c, uint64_t n) { atomic_fetch_add_explicit(c, n, memory_order_relaxed); }
 static uint64_t get(_Atomic(uint64_t) *c) { return atomic_load_explicit(c, memory_order_relaxed); }
 
-/* Owner-only counters: a relaxed load and store, no locked instruction. */
-static void bump(_Atomic(uint64_t) *c, uint64_t n) {
-  atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n, memory_order_relaxed);
-}
-
 void attribution_fold(th_heap_t *heap) {
   th_heap_flow_t *f = &heap->flow;
   for (size_t c = 0; c < TH_CLASS_COUNT; c++) {
@@ -58,9 +53,9 @@ void attribution_fold(th_heap_t *heap) {
 void attribution_huge(bool alloc, size_t size, bool fresh) {
   th_heap_t *me = th_heap_tls;
   if (me != &th_heap_empty) {
-    bump(&me->flow.huge_blocks[!alloc], 1);
-    bump(&me->flow.huge_bytes[!alloc], size);
-    if (alloc && fresh) bump(&me->flow.huge_fresh, size);
+    count_add(&me->flow.huge_blocks[!alloc], 1);
+    count_add(&me->flow.huge_bytes[!alloc], size);
+    if (alloc && fresh) count_add(&me->flow.huge_fresh, size);
   } else {
     add(&huge_blocks[!alloc], 1);
     add(&huge_bytes[!alloc], size);
@@ -99,14 +94,6 @@ typedef struct walk_buf_s {
 static size_t pages_of_kind(unsigned kind) {
   return kind == TH_KIND_SMALL ? WALK_PAGES_MAX
        : kind == TH_KIND_MEDIUM ? TH_SEGMENT_SIZE >> TH_MEDIUM_PAGE_SHIFT : 1;
-}
-
-/* Blocks of a page in use that the program holds: handed out and not freed, less those freed by other
- * threads and waiting on thread_free (used counts them until collected). */
-static size_t page_live_blocks(const th_page_t *page) {
-  uint32_t used = page->used_word & TH_USED_MASK;
-  size_t remote = (size_t)(atomic_load_explicit(&page->thread_free, memory_order_relaxed) >> TH_TF_COUNT_SHIFT);
-  return used > remote ? used - remote : 0;
 }
 
 static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out, walk_flow_t *flow) {
@@ -152,10 +139,12 @@ static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out,
     if (page->block_size == 0 || page->capacity > page->reserved || page->class_idx == 0 ||
         page->class_idx >= TH_CLASS_COUNT)
       continue;
-    size_t live_blocks = page_live_blocks(page);
-    uint32_t owner_frees = page->in_full ? 0 : page_owner_frees(page);
+    /* The program holds the blocks handed out and not freed, less those freed by other threads and waiting
+     * on thread_free (used counts them until collected). */
+    uint32_t used = page_used(page), owner_frees = page->in_full ? 0 : page_owner_frees(page);
     size_t remote = (size_t)(atomic_load_explicit(&page->thread_free, memory_order_relaxed) >> TH_TF_COUNT_SHIFT);
-    flow->allocs[page->class_idx] += page_used(page) + owner_frees;
+    size_t live_blocks = used > remote ? used - remote : 0;
+    flow->allocs[page->class_idx] += used + owner_frees;
     flow->frees[page->class_idx] += owner_frees + remote;
     size_t live = live_blocks * page->block_size;
     size_t committed = page->committed > skip ? page->committed - skip : 0;
@@ -179,6 +168,13 @@ static void flow_compute(th_stats_t *out, walk_flow_t *flow) {
   }
   out->heap_lock_acquires = flow->only ? 0 : get(&done_lock[0]);
   out->heap_lock_waits = flow->only ? 0 : get(&done_lock[1]);
+  /* Huge blocks: counted per thread, so only process-wide (an explicit heap's are in the walk's in_use). */
+  uint64_t hb[2] = {0, 0}, hy[2] = {0, 0}, hf = 0;
+  if (flow->only == NULL) {
+    hb[0] = get(&huge_blocks[0]), hb[1] = get(&huge_blocks[1]);
+    hy[0] = get(&huge_bytes[0]), hy[1] = get(&huge_bytes[1]);
+    hf = get(&huge_fresh);
+  }
   for (th_heap_t *h = thread_heaps_all(); h; h = h->all_next) {
     if (flow->only && !heap_in(h, flow->only)) continue;
     for (size_t c = 0; c < TH_CLASS_COUNT; c++) {
@@ -187,6 +183,9 @@ static void flow_compute(th_stats_t *out, walk_flow_t *flow) {
     }
     out->heap_lock_acquires += get(&h->lock_acquires);
     out->heap_lock_waits += get(&h->lock_waits);
+    if (flow->only) continue;
+    for (size_t i = 0; i < 2; i++) hb[i] += get(&h->flow.huge_blocks[i]), hy[i] += get(&h->flow.huge_bytes[i]);
+    hf += get(&h->flow.huge_fresh);
   }
   memset(out->range_allocs, 0, sizeof out->range_allocs);
   memset(out->range_frees, 0, sizeof out->range_frees);
@@ -202,19 +201,11 @@ static void flow_compute(th_stats_t *out, walk_flow_t *flow) {
     out->range_free_bytes[r] += freed * size;
     out->range_fresh_bytes[r] += fresh[c];
   }
-  if (flow->only == NULL) { /* an explicit heap's huge blocks are in the walk's in_use only */
-    uint64_t hb[2] = {get(&huge_blocks[0]), get(&huge_blocks[1])}, hy[2] = {get(&huge_bytes[0]), get(&huge_bytes[1])};
-    uint64_t hf = get(&huge_fresh);
-    for (th_heap_t *h = thread_heaps_all(); h; h = h->all_next) {
-      for (size_t i = 0; i < 2; i++) hb[i] += get(&h->flow.huge_blocks[i]), hy[i] += get(&h->flow.huge_bytes[i]);
-      hf += get(&h->flow.huge_fresh);
-    }
-    out->range_allocs[TH_KIND_HUGE] = hb[0];
-    out->range_frees[TH_KIND_HUGE] = hb[1];
-    out->range_alloc_bytes[TH_KIND_HUGE] = hy[0];
-    out->range_free_bytes[TH_KIND_HUGE] = hy[1];
-    out->range_fresh_bytes[TH_KIND_HUGE] = hf;
-  }
+  out->range_allocs[TH_KIND_HUGE] = hb[0];
+  out->range_frees[TH_KIND_HUGE] = hb[1];
+  out->range_alloc_bytes[TH_KIND_HUGE] = hy[0];
+  out->range_free_bytes[TH_KIND_HUGE] = hy[1];
+  out->range_fresh_bytes[TH_KIND_HUGE] = hf;
   out->allocs = out->frees = out->alloc_bytes = out->free_bytes = out->fresh_bytes = 0;
   for (size_t r = 0; r < 4; r++) {
     out->allocs += out->range_allocs[r];

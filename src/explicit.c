@@ -40,11 +40,6 @@ TH_COLD static void report_bad_heap(th_heap_t *heap, const char *op) {
   report_heap_misuse(op, "from a thread that does not own the TH_HEAP_NO_SERIALIZE heap", heap);
 }
 
-/* A counter of a shard, under its lock; other threads read it (th_heap_stats_get). */
-static inline void count_locked(_Atomic(uint64_t) *c) {
-  atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
-}
-
 /* Before allocating: the heap to allocate from. A no-serialize heap is checked to be the calling thread's,
  * which also catches a destroyed one (its owner id is cleared); a serialized heap gives one of its shards,
  * locked: the first whose lock is free, starting from one picked by the thread, else that one, waited for. */
@@ -64,9 +59,9 @@ static inline th_heap_t *heap_enter(th_heap_t *heap, const char *op) {
   if (shard == NULL) { /* every shard busy: wait for the first, and count the wait */
     shard = n == 1 ? heap : heap->shard[first];
     th_lock(&shard->lock);
-    count_locked(&shard->lock_waits);
+    count_add(&shard->lock_waits, 1); /* under the shard's lock */
   }
-  count_locked(&shard->lock_acquires);
+  count_add(&shard->lock_acquires, 1);
   return shard;
 }
 

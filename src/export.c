@@ -45,7 +45,7 @@ _Static_assert(sizeof(export_pair_t) == 56, "the layout of docs/live-export.md")
 static th_remote_pair_t export_last[EXPORT_PAIRS * 2];
 static size_t export_last_len;
 
-_Atomic(uint64_t) export_next_ms;
+static _Atomic(uint64_t) export_next_ms;
 static _Atomic(int) export_state; /* 0: not open, 1: open, -1: failed or finished (never again) */
 static _Atomic(int) export_busy;  /* a publication is being written */
 static export_header_t *export_area;

@@ -196,7 +196,6 @@ void export_tick(uint64_t now_ms);
 /* At exit: remove the file. In a forked child: forget the parent's file. */
 void export_done(void);
 void export_fork_child(void);
-extern _Atomic(uint64_t) export_next_ms;
 
 /* ---- options.c */
 typedef struct th_options_s {
@@ -347,6 +346,12 @@ static inline void page_push_remote(th_page_t *page, th_block_t *block) {
   page_push_remote_slow(page, block);
 }
 
+/* A counter one thread writes (or one lock guards) and any thread reads: a relaxed load and store, no locked
+ * instruction. */
+static inline void count_add(_Atomic(uint64_t) *count, uint64_t n) {
+  atomic_store_explicit(count, atomic_load_explicit(count, memory_order_relaxed) + n, memory_order_relaxed);
+}
+
 /* One more remote free of a pair (free_remote): the freeing thread alone writes the count, other threads
  * read it. On x86-64 one add to memory (the compiler makes a relaxed atomic increment a load, an add and a
  * store); a torn read cannot happen for an aligned 8-byte word. */
@@ -354,7 +359,7 @@ static inline void pairs_count_one(_Atomic(uint64_t) *count) {
 #if defined(__x86_64__)
   __asm__("addq $1, %0" : "+m"(*count));
 #else
-  atomic_store_explicit(count, atomic_load_explicit(count, memory_order_relaxed) + 1, memory_order_relaxed);
+  count_add(count, 1);
 #endif
 }
 
@@ -402,13 +407,9 @@ static inline uint32_t page_used(const th_page_t *page) { return page->used_word
 static inline uint32_t page_owner_frees(const th_page_t *page) { return page->used_word >> TH_USED_BITS; }
 
 /* Blocks of class c freed from the heap's pages, folded on a slow path (th_heap_flow_t). Owner only. */
-static inline void heap_count_frees(th_heap_t *heap, size_t c, uint64_t n) {
-  uint64_t v = atomic_load_explicit(&heap->flow.frees[c], memory_order_relaxed);
-  atomic_store_explicit(&heap->flow.frees[c], v + n, memory_order_relaxed);
-}
+static inline void heap_count_frees(th_heap_t *heap, size_t c, uint64_t n) { count_add(&heap->flow.frees[c], n); }
 static inline void heap_count_fresh(th_heap_t *heap, size_t c, uint64_t bytes) {
-  uint64_t v = atomic_load_explicit(&heap->flow.fresh[c], memory_order_relaxed);
-  atomic_store_explicit(&heap->flow.fresh[c], v + bytes, memory_order_relaxed);
+  count_add(&heap->flow.fresh[c], bytes);
 }
 
 /* Hand out the first free block of a page that has one: pop, count it used, clear its free tag. */
