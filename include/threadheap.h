@@ -142,6 +142,11 @@ TH_API size_t th_stats_remote_pairs(th_remote_pair_t *out, size_t max);
 /* Print where the memory goes (a table) and the counters to stderr. */
 TH_API void th_stats_print(void);
 
+/* Heap profiling (THREADHEAP_PROFILE=PATH turns it on; docs/profile.md). Writes the profile of the sampled
+ * allocations so far to path, in pprof's format (gzipped profile.proto). 0, or -1 with errno set: ENOTSUP
+ * when profiling is off, EINVAL for an empty path, or the error of creating or writing the file. */
+TH_API int th_profile_dump(const char *path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -61,6 +61,8 @@ void *alloc_realloc_checked(void *p, th_segment_t *seg, th_page_t *page, size_t 
     errno = ENOMEM;
     return NULL;
   }
+  /* A sampled block (profile.c) moves: the new block is an allocation of its own, sampled or not. */
+  if (seg->is_sampled) return alloc_move(NULL, p, page, size);
   size_t usable = free_usable_size(page, p);
   /* A block stays in its explicit heap; a no-serialize heap's block moves to this thread's default heap
    * when another thread reallocates it. */
@@ -103,12 +105,16 @@ void *alloc_aligned(th_heap_t *heap, size_t alignment, size_t size) {
     uint8_t *b = heap ? th_heap_malloc(heap, size + alignment + 16) : th_malloc(size + alignment + 16);
     if (b == NULL || ((uintptr_t)b & (alignment - 1)) == 0) return b;
     uintptr_t p = ((uintptr_t)b + 32 + alignment - 1) & ~(uintptr_t)(alignment - 1);
-    th_segment_t *seg = segment_lookup(b);
-    __atomic_store_n(&segment_page_of(seg, b)->has_aligned, 1, __ATOMIC_RELAXED);
-    ((uintptr_t *)p)[-1] = th_key ^ p ^ TH_ALIGN_SALT;
+    alloc_mark_aligned(b, (void *)p);
     return (void *)p;
   }
   return heap ? explicit_huge_alloc(heap, size, alignment, false) : huge_alloc(NULL, size, alignment, false);
+}
+
+void alloc_mark_aligned(void *b, void *p) {
+  th_segment_t *seg = segment_lookup(b);
+  __atomic_store_n(&segment_page_of(seg, b)->has_aligned, 1, __ATOMIC_RELAXED);
+  ((uintptr_t *)p)[-1] = th_key ^ (uintptr_t)p ^ TH_ALIGN_SALT;
 }
 
 bool alloc_is_aligned_tag(const void *p) {

@@ -227,7 +227,8 @@ static void compute(th_stats_t *out, const th_heap_t *only) {
   memset(&flow, 0, sizeof flow);
   flow.only = only;
   for (size_t i = lo; i < hi && i < TH_MAP_ENTRIES; i++) {
-    if (atomic_load_explicit(&th_segment_map[i], memory_order_relaxed) != 1) continue;
+    uint8_t entry = atomic_load_explicit(&th_segment_map[i], memory_order_relaxed);
+    if (entry != 1 && entry != TH_MAP_SAMPLED) continue;
     walk_segment((const th_segment_t *)(i << TH_SEGMENT_SHIFT), &b, out, &flow);
   }
   flow_compute(out, &flow);

@@ -82,6 +82,17 @@ static void explicit_init(th_heap_t *heap, unsigned flags, th_heap_t *parent) {
   atomic_store_explicit(&heap->tid, os_thread_tid(), memory_order_relaxed);
 }
 
+th_heap_t *explicit_create_samples(void) {
+  th_heap_t *heap = thread_struct_alloc();
+  if (heap == NULL) return NULL;
+  explicit_init(heap, 0, NULL);
+  heap->flags |= TH_HEAP_SAMPLES;
+  heap->nshards = 1;
+  heap->shard[0] = heap;
+  list_push(heap);
+  return heap;
+}
+
 TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max_size) {
   if ((flags & ~TH_HEAP_NO_SERIALIZE) != 0 || (max_size != 0 && initial_size > max_size) ||
       alloc_too_large(initial_size)) {

@@ -110,6 +110,7 @@ TH_NOINLINE void free_slow(void *p) {
   th_segment_t *seg;
   th_page_t *page;
   th_block_t *b = free_check_block(p, TH_OP_FREE, &seg, &page);
+  if (seg->is_sampled) profile_free_sampled(b); /* a sampled block leaves the live set; freed below */
   if (seg->kind == TH_KIND_HUGE) {
     huge_free(seg, p, TH_OP_FREE);
   } else if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id()) {

@@ -38,6 +38,7 @@ static void heap_direct_update(th_heap_t *heap, size_t c) {
   size_t lo, hi;
   th_page_t **table = direct_slots(heap, c, &lo, &hi);
   for (size_t w = lo; w <= hi; w++) table[w] = page;
+  if (th_unlikely(heap->sampler != NULL)) profile_first_changed(heap, c); /* its lists are cut to a budget */
 }
 
 /* The direct-table invariant of class c (types.h), for th_assert. */
@@ -124,6 +125,7 @@ void heap_page_retire(th_heap_t *heap, th_page_t *page) {
 
 /* The slow half of a free by the owner: the page was parked as full, or it became empty. */
 void heap_free_local(th_heap_t *heap, th_page_t *page) {
+  if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap);
   heap_collect_ready(heap);
   if (page->in_full) heap_unpark(heap, page);
   if (page_used(page) == 0) heap_page_retire(heap, page);
@@ -135,11 +137,13 @@ void heap_free_local(th_heap_t *heap, th_page_t *page) {
  * purge delay. */
 void heap_free_tick(th_heap_t *heap, th_page_t *page) {
   th_assert(!page->in_full || page->used_word >> TH_USED_BITS == 0); /* parked: the count was all ones */
+  if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap);
   if (page->in_full) {
     heap_count_frees(heap, page->class_idx, 1); /* the one free that carried out of the all-ones count */
     heap_free_local(heap, page);
   } else {
     heap_count_frees(heap, page->class_idx, (uint64_t)1 << (32 - TH_USED_BITS));
+    if (th_unlikely(heap->sampler != NULL)) profile_free_tick(heap, page); /* the budget's free bound */
     heap_purge(heap, false);
   }
 }
@@ -176,6 +180,7 @@ static void heap_purge_idle_page(th_page_t *page, uint64_t now, uint64_t delay, 
 void heap_purge(th_heap_t *heap, bool force) {
   uint64_t now = os_now_ms();
   export_tick(now); /* the live export rides on the same clock */
+  if (th_unlikely(th_profile_on)) profile_tick(now); /* and so do periodic heap profiles */
   uint64_t delay = (uint64_t)th_options.purge_delay;
   if (!force && now < heap->next_purge_ms) return;
   heap->next_purge_ms = now + (delay / 4 > 10 ? delay / 4 : 10);
@@ -243,6 +248,7 @@ void heap_collect_remote(th_heap_t *heap) {
 
 /* Everything that can be given back now: the above, then every free page slot purged. */
 void heap_collect(th_heap_t *heap) {
+  if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap);
   heap_collect_remote(heap);
   heap_purge(heap, true);
 }
@@ -313,7 +319,11 @@ TH_HOT void *heap_malloc_queue(th_heap_t *heap, size_t size) {
   if (th_likely(size <= TH_LARGE_MAX)) {
     th_page_t *page = heap->queues[size_class(size)].first;
     if (th_likely(page != NULL)) {
-      if (page->free == NULL) page_free_from_local(page);
+      if (page->free == NULL) {
+        /* While profiling, local_free holds what the sampling budget cut off: the slow path decides. */
+        if (th_unlikely(heap->sampler != NULL)) return heap_malloc_slow(heap, size);
+        page_free_from_local(page);
+      }
       if (th_likely(page->free != NULL)) return page_pop(page);
     }
   }
@@ -330,7 +340,16 @@ TH_NOINLINE void *heap_malloc_slow(th_heap_t *heap, size_t size) {
       return NULL;
     }
   }
+  bool sampled = th_unlikely(th_profile_on) && !heap_is_explicit(heap);
+  if (sampled && heap->sampler != NULL) profile_settle_all(heap); /* before the purge changes pages */
   if ((++heap->stat.slow_calls & 15) == 0) heap_purge(heap, false);
+  if (sampled) return profile_malloc(heap, size);
+  return heap_malloc_fill(heap, size);
+}
+
+/* The rest of the slow path: a huge block, or a page of the class with a free block, and its first block.
+ * profile_malloc calls it for the allocations it does not sample. */
+void *heap_malloc_fill(th_heap_t *heap, size_t size) {
   if (size > TH_LARGE_MAX) {
     th_heap_t *owner = heap_is_explicit(heap) ? heap : NULL;
     void *p = huge_alloc(owner, size, 16, false);

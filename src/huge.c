@@ -86,6 +86,10 @@ void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
   stats_committed((long)seg->huge_committed);
   stats_count(&th_stats_global.huge_allocs);
   attribution_huge(true, size, seg->is_zero);
+  if (th_unlikely(th_profile_on) && owner == NULL) {
+    profile_huge_alloc(seg, size);
+    if (seg->is_zero) profile_fresh(size);
+  }
   if (owner) {
     atomic_store_explicit(&seg->heap, owner, memory_order_relaxed);
     owner_link(owner, seg);
@@ -125,6 +129,7 @@ void huge_free(th_segment_t *seg, const void *p, th_op_t op) {
   if (atomic_exchange_explicit(&seg->huge_live, 0, memory_order_acq_rel) != 1)
     report_misuse(TH_MISUSE_FREED, op, p, p, usable);
   huge_remember_freed(p, usable);
+  profile_huge_free(seg);
   th_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
   if (owner) owner_unlink(owner, seg);
   stats_committed(-(long)seg->huge_committed);
@@ -190,6 +195,8 @@ void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
   seg->huge_committed = new_committed;
   attribution_huge(false, seg->huge_size, false); /* a realloc counts as a free and an allocation */
   attribution_huge(true, size, false);
+  profile_huge_free(seg); /* and so does it in a profile */
+  if (th_unlikely(th_profile_on) && owner == NULL) profile_huge_alloc(seg, size);
   seg->huge_size = size;
   stats_committed((long)seg->huge_committed - committed_before);
   if (owner) owner_link(owner, seg);

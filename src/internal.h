@@ -63,12 +63,15 @@ bool alloc_too_large(size_t size);
 void *alloc_realloc_checked(void *p, th_segment_t *seg, th_page_t *page, size_t size);
 void *alloc_move(th_heap_t *dest, void *p, const th_page_t *page, size_t size);
 bool alloc_is_aligned_tag(const void *p);
+/* p, inside block b at 32 bytes or more, is handed out as an aligned block is (the tag below it). */
+void alloc_mark_aligned(void *b, void *p);
 
 /* ---- heap.c */
 extern th_heap_t th_heap_empty;
 extern th_page_t th_page_empty;
 void *heap_malloc_queue(th_heap_t *heap, size_t size);
 void *heap_malloc_slow(th_heap_t *heap, size_t size);
+void *heap_malloc_fill(th_heap_t *heap, size_t size);
 void heap_init(th_heap_t *heap);
 void heap_queue_remove(th_heap_t *heap, th_page_queue_t *q, th_page_t *page);
 void heap_page_retire(th_heap_t *heap, th_page_t *page);
@@ -126,6 +129,8 @@ void huge_disown(th_segment_t *seg);
 /* ---- explicit.c */
 void *explicit_huge_alloc(th_heap_t *heap, size_t size, size_t alignment, bool zero);
 void *explicit_huge_realloc(th_heap_t *heap, th_segment_t *seg, void *p, size_t size);
+/* The profiler's heap of sampled blocks: serialized, one shard, its segments marked (TH_HEAP_SAMPLES). */
+th_heap_t *explicit_create_samples(void);
 void explicit_lock_all(unsigned level);
 void explicit_unlock_all(unsigned level, bool child);
 
@@ -190,6 +195,22 @@ static inline void *vg_realloc_end(th_heap_t *old, void *p, void *q, size_t size
 static inline void vg_defined(void *p, size_t size) { (void)p, (void)size; }
 #endif
 
+/* ---- profile.c, profile_write.c: heap profiles (THREADHEAP_PROFILE, THREADHEAP_LEAKS) */
+extern bool th_profile_on; /* sampling is under way: the slow paths call the hooks below */
+void profile_init(void);
+void profile_done(void); /* at exit: the last profile and the leak report */
+void profile_fork_child(void);
+void profile_tick(uint64_t now_ms); /* from heap_purge: THREADHEAP_PROFILE_INTERVAL and SIGUSR2 dumps */
+void *profile_malloc(th_heap_t *heap, size_t size);
+void profile_settle_all(th_heap_t *heap);
+void profile_first_changed(th_heap_t *heap, size_t c);
+void profile_free_tick(th_heap_t *heap, th_page_t *page);
+void profile_heap_end(th_heap_t *heap);
+void profile_fresh(size_t bytes);
+void profile_free_sampled(th_block_t *block);
+void profile_huge_alloc(th_segment_t *seg, size_t size);
+void profile_huge_free(th_segment_t *seg);
+
 /* ---- export.c */
 /* THREADHEAP_STATS_INTERVAL: publish the counters if the interval has passed (slow paths call it). */
 void export_tick(uint64_t now_ms);
@@ -209,6 +230,11 @@ typedef struct th_options_s {
   long stats_interval; /* THREADHEAP_STATS_INTERVAL, ms: publish the counters this often (0: never) */
   long remote_pairs;   /* THREADHEAP_REMOTE_PAIRS: count who frees whose memory; default: with the export
                         * or SHOW_STATS on */
+  const char *profile_path; /* THREADHEAP_PROFILE: heap profiling on, the profile written here at exit */
+  long profile_rate;        /* THREADHEAP_PROFILE_RATE: mean bytes between samples */
+  long profile_interval;    /* THREADHEAP_PROFILE_INTERVAL, s: also write PATH.<n> this often (0: never) */
+  long profile_signal;      /* THREADHEAP_PROFILE_SIGNAL: SIGUSR2 writes PATH.<n> (if the program has no handler) */
+  long leaks;               /* THREADHEAP_LEAKS: print the sampled blocks still live at exit */
 } th_options_t;
 extern th_options_t th_options;
 void options_init(void);

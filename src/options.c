@@ -20,6 +20,11 @@ th_options_t th_options = {
     .stats_interval = 0,
     .remote_pairs = -1,
     .stats_file = NULL,
+    .profile_path = NULL,
+    .profile_rate = 512L << 10,
+    .profile_interval = 0,
+    .profile_signal = 0,
+    .leaks = 0,
 };
 
 typedef struct option_desc_s {
@@ -40,6 +45,11 @@ static const option_desc_t option_table[] = {
     {"THREADHEAP_STATS_FILE", NULL, 0, 0, false, &th_options.stats_file},
     {"THREADHEAP_STATS_INTERVAL", &th_options.stats_interval, 0, 3600L * 1000, false, NULL},
     {"THREADHEAP_REMOTE_PAIRS", &th_options.remote_pairs, 0, 1, false, NULL},
+    {"THREADHEAP_PROFILE", NULL, 0, 0, false, &th_options.profile_path},
+    {"THREADHEAP_PROFILE_RATE", &th_options.profile_rate, 1, 1L << 40, true, NULL},
+    {"THREADHEAP_PROFILE_INTERVAL", &th_options.profile_interval, 0, 86400L * 365, false, NULL},
+    {"THREADHEAP_PROFILE_SIGNAL", &th_options.profile_signal, 0, 1, false, NULL},
+    {"THREADHEAP_LEAKS", &th_options.leaks, 0, 1, false, NULL},
 };
 
 /* Copies of the text options: the program may later rewrite its environment (setproctitle does). */

@@ -63,4 +63,23 @@ void *os_export_open(const char *path, size_t size);
 void os_export_remove(const char *path);
 _Noreturn void os_abort(void);
 
+/* For heap profiles (profile.c, profile_write.c). */
+/* size bytes of address space, readable and writable, committed only as touched; NULL on failure. */
+void *os_reserve_rw(size_t size);
+/* The executable segment of the loaded object that holds addr, unless that object is the program itself
+ * (then *lo == *hi == 0). */
+void os_code_range(uintptr_t addr, uintptr_t *lo, uintptr_t *hi);
+/* A file created (or truncated) for writing: its descriptor, or -1 with errno set. */
+int os_file_create(const char *path);
+bool os_file_write(int fd, const void *buf, size_t n);
+/* Closed; false if an earlier write or the close failed to reach the file. */
+bool os_file_close(int fd);
+/* Up to cap bytes of a file (for /proc/self/maps): how many were read; 0 on failure. */
+size_t os_read_file(const char *path, char *buf, size_t cap);
+/* The GNU build id (hex, NUL-terminated in out[0..80]) of the loaded object mapped at addr; false if none. */
+bool os_build_id(uintptr_t addr, char out[81]);
+/* handler runs on SIGUSR2, installed only if the program has none: false otherwise. */
+bool os_on_sigusr2(void (*handler)(int));
+void os_sleep_ms(unsigned ms);
+
 #endif

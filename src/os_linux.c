@@ -4,6 +4,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
@@ -248,3 +250,117 @@ void *os_export_open(const char *path, size_t size) {
 void os_export_remove(const char *path) { unlink(path); }
 
 _Noreturn void os_abort(void) { abort(); }
+
+/* ---- heap profiles */
+
+void *os_reserve_rw(size_t size) {
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+typedef struct code_find_s {
+  uintptr_t addr, lo, hi;
+  bool found_in_program;
+  char *build_id; /* os_build_id: where to write the id, or NULL */
+  bool has_id;
+} code_find_t;
+
+static bool object_holds(const struct dl_phdr_info *info, uintptr_t addr, uintptr_t *lo, uintptr_t *hi) {
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    if (ph->p_type != PT_LOAD) continue;
+    uintptr_t start = info->dlpi_addr + ph->p_vaddr;
+    if (addr >= start && addr < start + ph->p_memsz) {
+      *lo = start;
+      *hi = start + ph->p_memsz;
+      return true;
+    }
+  }
+  return false;
+}
+
+static int code_find_one(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size;
+  code_find_t *f = arg;
+  uintptr_t lo, hi;
+  if (!object_holds(info, f->addr, &lo, &hi)) return 0;
+  f->lo = lo;
+  f->hi = hi;
+  f->found_in_program = info->dlpi_name == NULL || info->dlpi_name[0] == '\0';
+  if (f->build_id == NULL) return 1;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    if (ph->p_type != PT_NOTE) continue;
+    const uint8_t *n = (const uint8_t *)(info->dlpi_addr + ph->p_vaddr), *end = n + ph->p_memsz;
+    while (n + sizeof(ElfW(Nhdr)) <= end) {
+      const ElfW(Nhdr) *nh = (const ElfW(Nhdr) *)n;
+      const uint8_t *name = n + sizeof *nh, *desc = name + ((nh->n_namesz + 3) & ~3u);
+      if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && memcmp(name, "GNU", 4) == 0 &&
+          nh->n_descsz <= 40 && desc + nh->n_descsz <= end) {
+        for (size_t k = 0; k < nh->n_descsz; k++) {
+          f->build_id[2 * k] = "0123456789abcdef"[desc[k] >> 4];
+          f->build_id[2 * k + 1] = "0123456789abcdef"[desc[k] & 15];
+        }
+        f->build_id[2 * nh->n_descsz] = '\0';
+        f->has_id = true;
+        return 1;
+      }
+      n = desc + ((nh->n_descsz + 3) & ~3u);
+    }
+  }
+  return 1;
+}
+
+void os_code_range(uintptr_t addr, uintptr_t *lo, uintptr_t *hi) {
+  code_find_t f = {.addr = addr};
+  *lo = *hi = 0;
+  if (dl_iterate_phdr(code_find_one, &f) && !f.found_in_program) {
+    *lo = f.lo;
+    *hi = f.hi;
+  }
+}
+
+bool os_build_id(uintptr_t addr, char out[81]) {
+  code_find_t f = {.addr = addr, .build_id = out};
+  dl_iterate_phdr(code_find_one, &f);
+  return f.has_id;
+}
+
+int os_file_create(const char *path) { return open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); }
+
+bool os_file_write(int fd, const void *buf, size_t n) { return write_all(fd, buf, n); }
+
+bool os_file_close(int fd) { return close(fd) == 0; }
+
+size_t os_read_file(const char *path, char *buf, size_t cap) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  size_t n = 0;
+  while (n < cap) {
+    ssize_t r = read(fd, buf + n, cap - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    n += (size_t)r;
+  }
+  close(fd);
+  return n;
+}
+
+bool os_on_sigusr2(void (*handler)(int)) {
+  struct sigaction old;
+  if (sigaction(SIGUSR2, NULL, &old) != 0) return false;
+  if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler != SIG_DFL) return false; /* the program's own */
+  if (old.sa_flags & SA_SIGINFO) return false;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = handler;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  return sigaction(SIGUSR2, &sa, NULL) == 0;
+}
+
+void os_sleep_ms(unsigned ms) {
+  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}

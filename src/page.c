@@ -116,7 +116,10 @@ bool page_extend(th_heap_t *heap, th_page_t *page) {
   page->free = (th_block_t *)first;
   __atomic_store_n(&page->capacity, page->capacity + (uint32_t)n, __ATOMIC_RELAXED); /* read by remote frees */
   page->is_purged = 0;
-  if (page->tail_fresh) heap_count_fresh(heap, page->class_idx, n * bsize);
+  if (page->tail_fresh) {
+    heap_count_fresh(heap, page->class_idx, n * bsize);
+    if (th_unlikely(heap->sampler != NULL)) profile_fresh(n * bsize); /* the fresh_space profile */
+  }
   return true;
 }
 

@@ -29,10 +29,11 @@ static _Atomic(size_t) abandoned_count;
 
 th_segment_t *segment_lookup_slow(uintptr_t region, uint8_t back) {
   while (back == 255) {
-    if (region < 254) return NULL;
-    region -= 254;
+    if (region < TH_MAP_BACK_MAX) return NULL;
+    region -= TH_MAP_BACK_MAX;
     back = atomic_load_explicit(&th_segment_map[region], memory_order_relaxed);
   }
+  if (back == TH_MAP_SAMPLED) return (th_segment_t *)(region << TH_SEGMENT_SHIFT);
   if (back == 0 || region < (uintptr_t)back - 1) return NULL;
   return (th_segment_t *)((region - (back - 1)) << TH_SEGMENT_SHIFT);
 }
@@ -59,10 +60,18 @@ void segment_map_set(th_segment_t *seg, size_t size, bool mapped) {
     }
   }
   for (size_t i = 0; i < n; i++) {
-    /* Past 254 regions an entry says 255: "look again 254 regions back". */
-    uint8_t v = !mapped ? 0 : i < 254 ? (uint8_t)(i + 1) : 255;
+    /* Past TH_MAP_BACK_MAX regions an entry says 255: "look again TH_MAP_BACK_MAX regions back". */
+    uint8_t v = !mapped ? 0 : i < TH_MAP_BACK_MAX ? (uint8_t)(i + 1) : 255;
     atomic_store_explicit(&th_segment_map[first + i], v, memory_order_relaxed);
   }
+}
+
+/* A segment of the profiler's sample heap, or one leaving it: its map entry says so (TH_MAP_SAMPLED). A
+ * paged segment spans one region. */
+static void segment_set_sampled(th_segment_t *seg, bool sampled) {
+  seg->is_sampled = sampled;
+  atomic_store_explicit(&th_segment_map[(uintptr_t)seg >> TH_SEGMENT_SHIFT], sampled ? TH_MAP_SAMPLED : 1,
+                        memory_order_release);
 }
 
 size_t segment_header_size(size_t page_count) {
@@ -156,6 +165,7 @@ void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched
 
 /* Give a segment with no live block back: into the cache, or to the OS when the cache cannot hold it. */
 void segment_release(th_segment_t *seg) {
+  if (seg->is_sampled) segment_set_sampled(seg, false);
   atomic_store_explicit(&seg->thread_id, 0, memory_order_relaxed);
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
   if (seg->size > (size_t)th_options.cache_max || th_options.purge_delay == 0) {
@@ -245,6 +255,7 @@ static void heap_segment_move_back(th_heap_t *heap, th_segment_t *seg) {
 }
 
 static void heap_segment_own(th_heap_t *heap, th_segment_t *seg) {
+  if (heap->flags & TH_HEAP_SAMPLES) segment_set_sampled(seg, true);
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
   atomic_store_explicit(&seg->thread_id, heap->thread_id, memory_order_release);
   heap_segment_link_front(heap, seg);

@@ -146,6 +146,7 @@ static void thread_done(void *arg) {
   if (heap == NULL || heap == &th_heap_empty) return;
   th_heap_tls = &th_heap_empty;
   thread_is_done = true;
+  profile_heap_end(heap);
   /* After this no remote free can name the heap: full pages go back to NORMAL first. */
   for (th_page_t *page = heap->full.first; page; page = page->next) page_clear_delay(page);
   heap_collect(heap);
@@ -255,6 +256,7 @@ static void fork_child(void) {
    * counts as pending. */
   atomic_store_explicit(&fork_pending, fork_level, memory_order_relaxed);
   export_fork_child();
+  profile_fork_child();
 }
 
 /* Runs once libc is ready: options are read here and never earlier, and the fork handlers are registered
@@ -264,10 +266,12 @@ __attribute__((constructor(101))) static void library_init(void) {
   options_init();
   stats_init();
   pthread_atfork(fork_prepare, fork_parent, fork_child);
+  profile_init();
 }
 
 /* Runs at exit, after the program's own destructors and atexit handlers; it only reads the counters. */
 __attribute__((destructor)) static void library_done(void) {
+  profile_done();
   stats_print_at_exit();
   export_done();
 }

@@ -39,6 +39,11 @@
 #define TH_DIRECT_LARGE_SLOTS (TH_LARGE_MAX / 16384 + 1)
 #define TH_CLASS_COUNT 61 /* classes 1..60; class 60 is exactly TH_LARGE_MAX */
 #define TH_ADDRESS_BITS 47
+/* Address map entries (segment.c): 0 not ours; k in 1..253: the segment starts k-1 regions back; 255: look
+ * again 253 regions back; TH_MAP_SAMPLED: a segment of sampled blocks starts here (th_free's test for 1
+ * fails, so their frees take free_slow). */
+#define TH_MAP_SAMPLED 254
+#define TH_MAP_BACK_MAX 253
 #define TH_MAP_ENTRIES ((size_t)1 << (TH_ADDRESS_BITS - TH_SEGMENT_SHIFT))
 #define TH_EXTEND_BYTES 4096 /* a page is carved this many bytes (or one block) at a time */
 #define TH_PURGE_BLOCK_MIN ((size_t)8 << 10) /* free blocks past this span whole OS pages: see heap_purge */
@@ -77,6 +82,8 @@ typedef enum th_delay_e {
 
 typedef struct th_heap_s th_heap_t;
 typedef struct th_segment_s th_segment_t;
+typedef struct th_sampler_s th_sampler_t; /* profile.c: a thread heap's sampling state */
+struct profile_stack_s;
 
 /* A slow-path lock (th_lock in internal.h). holder is the thread that holds it (its thread pointer), so that
  * a fork from a signal handler that interrupted that thread inside the lock does not wait for it
@@ -168,6 +175,12 @@ struct th_segment_s {
   _Atomic(int) huge_live;    /* huge: 1 while the block is allocated; the exchange to 0 catches double frees */
   size_t huge_committed;     /* huge: bytes from the segment start to the block's end, in OS pages */
   size_t huge_size;          /* huge: the size asked for (the attribution's in_use) */
+  /* huge, while profiling: the block's sample (NULL: not sampled) and its estimates (profile.c) */
+  struct profile_stack_s *sample_stack;
+  uint64_t sample_bytes, sample_count;
+  /* owned by the profiler's sample heap: its map entry is TH_MAP_SAMPLED, so every free of its blocks takes
+   * free_slow, which finds the block's sample (profile.c) */
+  uint8_t is_sampled;
   _Alignas(128) th_page_t pages[]; /* page_count descriptors, each on two whole cache lines */
 };
 
@@ -203,6 +216,7 @@ typedef struct th_heap_flow_s {
 #define TH_OWNER_SHARED ((uintptr_t)1)
 /* Heap flags beyond the public TH_HEAP_NO_SERIALIZE. */
 #define TH_HEAP_EXPLICIT 0x100u /* made by th_heap_create */
+#define TH_HEAP_SAMPLES 0x200u  /* the profiler's heap of sampled blocks (profile.c) */
 #define TH_HEAP_LIVE_MAGIC 0x7448656170u  /* magic of an explicit heap from create to destroy */
 #define TH_SHARDS_MAX 8 /* a serialized heap with no cap and no initial size: up to 2 shards per CPU */
 
@@ -243,10 +257,14 @@ struct th_heap_s {
   th_heap_t *shard[TH_SHARDS_MAX];
   th_page_t *direct_medium[TH_DIRECT_MEDIUM_SLOTS]; /* slots 0..TH_DIRECT_MAX/256 are never read */
   th_page_t *direct_large[TH_DIRECT_LARGE_SLOTS];   /* slots 0..TH_MEDIUM_MAX/16384 are never read */
+  /* While profiling, a thread heap's sampling state (profile.c), from its first slow path to its end; NULL
+   * otherwise, which heap_malloc_queue tests. */
+  th_sampler_t *sampler;
   /* Last, and kept across heap_init: readers may read them while the struct is reused. flow is zeroed when
    * folded (attribution_fold). */
   th_heap_flow_t flow;
   th_heap_t *all_next;                /* every heap struct ever made, newest first */
+  th_sampler_t *sampler_spare; /* the sampling state made for this struct, kept for its next thread */
   _Atomic(uint32_t) tid;              /* the Linux tid of the heap's thread (its creator's, for explicit heaps) */
   /* Remote frees by this heap's thread, per owner; slot 0 is the owner of the last one (pairs.c). */
   th_remote_pair_slot_t remote[TH_REMOTE_SLOTS];

@@ -1,0 +1,445 @@
+/* profile.c: heap profiling (THREADHEAP_PROFILE). Byte-weighted Poisson sampling decided on slow paths only,
+ * sampled blocks served from segments of their own so that their free finds its sample, call stacks from
+ * libgcc's unwinder interned in memory the profiler maps itself, and per-stack totals from which
+ * profile_write.c makes pprof profiles and the leak report.
+ *
+ * How sampling costs the fast paths nothing (docs/design.md, "Heap profiles"): each thread heap keeps, per
+ * size class, the bytes left before the next sample point (an exponential draw, as tcmalloc and jemalloc
+ * do). The malloc fast path can only pop the first page's `free` list and the owner's free can only push on
+ * it, so the profiler bounds both whenever a slow path runs: the list is cut to L blocks (the rest waits on
+ * `local_free`, which heap_malloc_queue leaves alone while profiling), and the owner-free count in
+ * `used_word` is set so that the F-th free carries into heap_free_tick. With L + F - 1 allocations at most
+ * before the next slow path, and L + F - 1 <= k, the allocation that crosses the sample point (the k+1-th)
+ * always reaches the slow path, which samples it. The allocations served in between are counted from the
+ * page's own used_word (pops and frees each change it by a known amount). */
+#include <math.h>
+#include <string.h>
+#include <unwind.h>
+
+#include "internal.h"
+#include "os.h"
+#include "profile.h"
+
+/* ---- state */
+
+profile_state_t profile;
+bool th_profile_on;
+static th_heap_t *sample_heap; /* serves sampled blocks; its segments' map entries make every free slow */
+static __thread int in_profiler __attribute__((tls_model("initial-exec"))); /* no sampling inside */
+
+/* ---- memory the profiler maps itself: one reservation, bump-allocated without a lock, never freed */
+
+#define ARENA_SIZE ((size_t)512 << 20)
+static uint8_t *arena;
+static _Atomic(size_t) arena_used;
+
+static void *arena_alloc(size_t n) {
+  n = align_up(n, 16);
+  size_t off = atomic_fetch_add_explicit(&arena_used, n, memory_order_relaxed);
+  if (off + n > ARENA_SIZE) return NULL;
+  return arena + off;
+}
+
+/* ---- random distances: xorshift per sampler, exponential with mean rate */
+
+static uint64_t rng_next(uint64_t *s) {
+  uint64_t x = *s;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return *s = x;
+}
+
+static int64_t draw_distance(uint64_t *rng) {
+  double u = ((double)(rng_next(rng) >> 11) + 1.0) / 9007199254740993.0; /* (0, 1] */
+  double d = -log(u) * (double)profile.rate;
+  return d < 1.0 ? 1 : d > 9e15 ? (int64_t)9e15 : (int64_t)d;
+}
+
+/* 1 / P(a block of `size` bytes holds a sample point): the Poisson correction that turns sampled totals into
+ * estimates of true ones. Blocks of the rate or larger are always sampled. */
+static double sample_weight(size_t size) {
+  if (size >= profile.rate) return 1.0;
+  return 1.0 / -expm1(-(double)size / (double)profile.rate);
+}
+
+/* ---- stacks, interned in an open-addressing table of the arena; inserts by CAS, no lock */
+
+#define TABLE_SLOTS ((size_t)1 << 20)
+static _Atomic(profile_stack_t *) *table;
+static _Atomic(profile_stack_t *) stacks_all;
+static profile_stack_t *overflow_stack; /* when the table or the arena is full */
+static uintptr_t own_lo, own_hi;        /* threadheap's own code: its frames are left out of stacks */
+
+typedef struct trace_s {
+  uintptr_t *pc;
+  uint32_t n, max;
+} trace_t;
+
+static _Unwind_Reason_Code trace_frame(struct _Unwind_Context *ctx, void *arg) {
+  trace_t *t = arg;
+  int before = 0;
+  uintptr_t ip = _Unwind_GetIPInfo(ctx, &before);
+  if (ip == 0) return _URC_END_OF_STACK;
+  if (t->n == 0 && ip >= own_lo && ip < own_hi) return _URC_NO_REASON; /* still inside threadheap */
+  t->pc[t->n++] = before ? ip : ip - 1; /* a return address: the call is the instruction before */
+  return t->n == t->max ? _URC_END_OF_STACK : _URC_NO_REASON;
+}
+
+static uint64_t hash_pcs(const uintptr_t *pc, uint32_t n) {
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
+  for (uint32_t i = 0; i < n; i++) h = (h ^ pc[i]) * 0xff51afd7ed558ccdull, h ^= h >> 32;
+  return h;
+}
+
+static profile_stack_t *stack_new(const uintptr_t *pc, uint32_t n, uint64_t h) {
+  profile_stack_t *s = arena_alloc(sizeof *s + n * sizeof(uintptr_t));
+  if (s == NULL) return NULL;
+  s->hash = h;
+  s->depth = n;
+  memcpy(s->pc, pc, n * sizeof(uintptr_t));
+  return s;
+}
+
+static void stack_publish(profile_stack_t *s) {
+  profile_stack_t *head = atomic_load_explicit(&stacks_all, memory_order_relaxed);
+  do s->all_next = head;
+  while (!atomic_compare_exchange_weak_explicit(&stacks_all, &head, s, memory_order_release, memory_order_relaxed));
+}
+
+/* The caller's stack (threadheap's own frames left out), interned. */
+static profile_stack_t *stack_here(void) {
+  uintptr_t pc[PROFILE_DEPTH];
+  trace_t t = {pc, 0, PROFILE_DEPTH};
+  _Unwind_Backtrace(trace_frame, &t);
+  uint64_t h = hash_pcs(pc, t.n);
+  for (size_t i = h & (TABLE_SLOTS - 1), probes = 0; probes < 64; i = (i + 1) & (TABLE_SLOTS - 1), probes++) {
+    profile_stack_t *s = atomic_load_explicit(&table[i], memory_order_acquire);
+    if (s == NULL) {
+      profile_stack_t *fresh = stack_new(pc, t.n, h);
+      if (fresh == NULL) return overflow_stack;
+      if (atomic_compare_exchange_strong_explicit(&table[i], &s, fresh, memory_order_acq_rel, memory_order_acquire)) {
+        stack_publish(fresh);
+        return fresh;
+      }
+      /* another thread took the slot: compare with its stack (this one stays unused in the arena) */
+    }
+    if (s->hash == h && s->depth == t.n && memcmp(s->pc, pc, t.n * sizeof(uintptr_t)) == 0) return s;
+  }
+  return overflow_stack;
+}
+
+profile_stack_t *profile_stacks(void) { return atomic_load_explicit(&stacks_all, memory_order_acquire); }
+
+static void add(_Atomic(uint64_t) *c, uint64_t n) { atomic_fetch_add_explicit(c, n, memory_order_relaxed); }
+static void sub(_Atomic(uint64_t) *c, uint64_t n) { atomic_fetch_sub_explicit(c, n, memory_order_relaxed); }
+
+/* ---- the peak: the live totals per stack copied when the sampled live bytes pass the last copy by 1/32 */
+
+static _Atomic(uint64_t) live_total, peak_total;
+static _Atomic(int) peak_busy;
+
+void profile_peak_snapshot(bool force) {
+  uint64_t live = atomic_load_explicit(&live_total, memory_order_relaxed);
+  uint64_t peak = atomic_load_explicit(&peak_total, memory_order_relaxed);
+  if (force ? live < peak : live <= peak + peak / 32) return;
+  if (atomic_exchange_explicit(&peak_busy, 1, memory_order_acquire)) return;
+  for (profile_stack_t *s = profile_stacks(); s; s = s->all_next) {
+    atomic_store_explicit(&s->peak_count, atomic_load_explicit(&s->live_count, memory_order_relaxed), memory_order_relaxed);
+    atomic_store_explicit(&s->peak_bytes, atomic_load_explicit(&s->live_bytes, memory_order_relaxed), memory_order_relaxed);
+  }
+  atomic_store_explicit(&peak_total, live, memory_order_relaxed);
+  atomic_store_explicit(&peak_busy, 0, memory_order_release);
+}
+
+/* One sampled allocation of `size` bytes (the block holds `charged` bytes, which decided its weight). */
+static profile_stack_t *record_alloc(size_t size, size_t charged, uint64_t *est_bytes, uint64_t *est_count) {
+  profile_stack_t *s = stack_here();
+  double w = sample_weight(charged);
+  *est_bytes = (uint64_t)((double)size * w + 0.5);
+  *est_count = (uint64_t)(w * PROFILE_COUNT_ONE + 0.5);
+  if (s == NULL) return NULL;
+  add(&s->alloc_bytes, *est_bytes);
+  add(&s->alloc_count, *est_count);
+  add(&s->live_bytes, *est_bytes);
+  add(&s->live_count, *est_count);
+  add(&live_total, *est_bytes);
+  profile_peak_snapshot(false);
+  return s;
+}
+
+static void record_free(profile_stack_t *s, uint64_t est_bytes, uint64_t est_count) {
+  if (s == NULL) return;
+  sub(&s->live_bytes, est_bytes);
+  sub(&s->live_count, est_count);
+  sub(&live_total, est_bytes);
+}
+
+/* ---- fresh memory: a process-wide byte countdown over the bytes carved fresh from the OS (slow paths) */
+
+static _Atomic(int64_t) fresh_left, huge_left;
+static _Atomic(uint64_t) shared_rng;
+
+static int64_t draw_shared(void) {
+  uint64_t r = atomic_fetch_add_explicit(&shared_rng, 0x9E3779B97F4A7C15ull, memory_order_relaxed);
+  r ^= r >> 31;
+  r |= 1;
+  return draw_distance(&r);
+}
+
+/* Has a process-wide countdown reached a sample point within these bytes? */
+static bool countdown_hits(_Atomic(int64_t) *left, size_t bytes) {
+  int64_t before = atomic_fetch_sub_explicit(left, (int64_t)bytes, memory_order_relaxed);
+  if (before > (int64_t)bytes) return false;
+  atomic_store_explicit(left, draw_shared(), memory_order_relaxed);
+  return true;
+}
+
+/* bytes were carved fresh for an allocation at stack s (NULL: the caller's, unwound if sampled). */
+static void fresh_at(profile_stack_t *s, size_t bytes) {
+  if (bytes == 0 || (bytes < profile.rate && !countdown_hits(&fresh_left, bytes))) return;
+  if (s == NULL) s = stack_here();
+  if (s) add(&s->fresh_bytes, (uint64_t)((double)bytes * sample_weight(bytes) + 0.5));
+}
+
+void profile_fresh(size_t bytes) {
+  if (!th_profile_on || in_profiler) return;
+  in_profiler = 1;
+  fresh_at(NULL, bytes);
+  in_profiler = 0;
+}
+
+/* ---- sampled blocks of heap pages: from sample_heap, handed out 32 bytes into their block, like an aligned
+ * block (the aligned tag below the pointer), with the sample in the first three words:
+ *   [0] the stack, [1] the estimated bytes, [2] the estimated count | ms since start << 32, [3] aligned tag */
+
+#define SAMPLE_HEADER 32
+
+static void *sample_block(size_t size, size_t charged) {
+  if (size > TH_LARGE_MAX - SAMPLE_HEADER || sample_heap == NULL) return NULL;
+  if (!th_lock_unless_fork(&sample_heap->lock)) return NULL; /* a fork is under way: not sampled */
+  /* Fresh memory carved for the block is this allocation's, as it would have been from the thread's heap. */
+  _Atomic(uint64_t) *fresh = &sample_heap->flow.fresh[size_class(size + SAMPLE_HEADER)];
+  uint64_t fresh_before = atomic_load_explicit(fresh, memory_order_relaxed);
+  uintptr_t *b = heap_malloc(sample_heap, size + SAMPLE_HEADER);
+  uint64_t fresh_bytes = atomic_load_explicit(fresh, memory_order_relaxed) - fresh_before;
+  th_unlock(&sample_heap->lock);
+  if (b == NULL) return NULL;
+  uint64_t est_bytes, est_count;
+  profile_stack_t *s = record_alloc(size, charged, &est_bytes, &est_count);
+  if (s) fresh_at(s, (size_t)fresh_bytes);
+  if (est_bytes == (th_key ^ (uintptr_t)b)) est_bytes++; /* never mistaken for a free block's tag */
+  b[0] = (uintptr_t)s;
+  b[1] = est_bytes;
+  b[2] = (est_count & 0xffffffffu) | ((os_now_ms() - profile.start_ms) << 32);
+  void *p = (uint8_t *)b + SAMPLE_HEADER;
+  alloc_mark_aligned(b, p);
+  return p;
+}
+
+void profile_free_sampled(th_block_t *block) {
+  const uintptr_t *b = (const uintptr_t *)block;
+  record_free((profile_stack_t *)b[0], b[1], b[2] & 0xffffffffu);
+}
+
+/* ---- huge blocks: the sample is kept in the segment header */
+
+void profile_huge_alloc(th_segment_t *seg, size_t size) {
+  seg->sample_stack = NULL;
+  if (!th_profile_on || in_profiler) return;
+  if (size < profile.rate && !countdown_hits(&huge_left, size)) return;
+  in_profiler = 1;
+  uint64_t est_bytes, est_count;
+  seg->sample_stack = record_alloc(size, size, &est_bytes, &est_count);
+  seg->sample_bytes = est_bytes;
+  seg->sample_count = est_count;
+  in_profiler = 0;
+}
+
+void profile_huge_free(th_segment_t *seg) {
+  if (seg->sample_stack == NULL) return;
+  record_free(seg->sample_stack, seg->sample_bytes, seg->sample_count);
+  seg->sample_stack = NULL;
+}
+
+/* ---- the per-class budget of a thread heap's first pages (see the top of the file) */
+
+struct th_sampler_s {
+  th_page_t *page[TH_CLASS_COUNT];  /* the first page of class c when last cut; NULL: not cut */
+  uint32_t base[TH_CLASS_COUNT];    /* its used_word then */
+  int64_t left[TH_CLASS_COUNT];     /* bytes of class c still to allocate before the next sample point */
+  uint64_t cut_mask;                /* classes with a page cut */
+  uint64_t rng;
+  size_t busy_class;                /* the class a malloc slow path is serving (cut at its end), or 0 */
+};
+
+/* Allocations served from the page since the sampler last looked: each pop added 1 to used_word and each of
+ * the owner's frees added TH_FREE_ADD (2^20 - 1), and there were fewer than 4,096 frees (the F-th carries). */
+static uint32_t pops_since(uint32_t base, uint32_t now) {
+  uint32_t d = now - base + 4096;
+  uint32_t frees = d >> TH_USED_BITS;
+  int64_t pops = (int64_t)(d & TH_USED_MASK) - 4096 + frees;
+  return pops < 0 || pops > (1 << 19) ? 0 : (uint32_t)pops; /* slow-path changes between: not counted */
+}
+
+static void settle(th_sampler_t *s, size_t c) {
+  th_page_t *page = s->page[c];
+  if (page == NULL) return;
+  uint32_t now = page->used_word;
+  s->left[c] -= (int64_t)pops_since(s->base[c], now) * (int64_t)class_size(c);
+  s->base[c] = now;
+}
+
+void profile_settle_all(th_heap_t *heap) {
+  th_sampler_t *s = heap->sampler;
+  for (uint64_t m = s->cut_mask; m; m &= m - 1) settle(s, (size_t)__builtin_ctzll(m));
+}
+
+/* The free list after its first n blocks goes to local_free, where the fast path cannot reach it. */
+static void cut_list(th_page_t *page, uint32_t n) {
+  th_block_t **link = &page->free;
+  for (uint32_t i = 0; i < n && *link; i++) link = &(*link)->next;
+  th_block_t *rest = *link;
+  if (rest == NULL) return;
+  *link = NULL;
+  if (page->local_free != NULL) {
+    th_block_t *tail = rest;
+    while (tail->next) tail = tail->next;
+    tail->next = page->local_free;
+  }
+  page->local_free = rest;
+}
+
+static void cut(th_heap_t *heap, th_sampler_t *s, size_t c) {
+  th_page_t *page = heap->queues[c].first;
+  s->page[c] = page;
+  if (page == NULL) {
+    s->cut_mask &= ~((uint64_t)1 << c);
+    return;
+  }
+  s->cut_mask |= (uint64_t)1 << c;
+  size_t size = class_size(c);
+  int64_t left = s->left[c];
+  /* k allocations may go by before the one that crosses the sample point. */
+  uint64_t k = left <= 0 || size >= profile.rate ? 0 : (uint64_t)(left + (int64_t)size - 1) / size - 1;
+  uint32_t f = k / 2 + 1 > 4095 ? 4095 : (uint32_t)(k / 2 + 1);
+  uint64_t l = k + 1 - f;
+  /* The owner's F-th free carries: the count is folded into the flow and set to 4,096 - F, and the flow is
+   * lowered by as much, so that flow + count (what attribution.c adds up) stays the true number of frees. */
+  uint32_t preset = 4096 - f;
+  heap_count_frees(heap, c, (uint64_t)page_owner_frees(page) - preset);
+  page->used_word = (page->used_word & TH_USED_MASK) | (preset << TH_USED_BITS);
+  if (page->capacity - page_used(page) > l) cut_list(page, (uint32_t)l);
+  s->base[c] = page->used_word;
+}
+
+/* heap_direct_update: the first page of class c changed. */
+void profile_first_changed(th_heap_t *heap, size_t c) {
+  th_sampler_t *s = heap->sampler;
+  if (c == s->busy_class) {
+    s->page[c] = NULL; /* the slow path cuts it when it is done */
+    return;
+  }
+  cut(heap, s, c);
+}
+
+/* The owner's free count of a page carried (heap_free_tick, after profile_settle_all). */
+void profile_free_tick(th_heap_t *heap, th_page_t *page) {
+  th_sampler_t *s = heap->sampler;
+  size_t c = page->class_idx;
+  if (c != 0 && s->page[c] == page && heap->queues[c].first == page) cut(heap, s, c);
+}
+
+static th_sampler_t *sampler_attach(th_heap_t *heap) {
+  th_sampler_t *s = heap->sampler_spare;
+  if (s == NULL) {
+    s = arena_alloc(sizeof *s);
+    if (s == NULL) return NULL;
+    s->rng = os_random() | 1;
+    heap->sampler_spare = s;
+  }
+  heap->sampler = s;
+  memset(s->page, 0, sizeof s->page);
+  s->cut_mask = 0;
+  s->busy_class = 0;
+  for (size_t c = 0; c < TH_CLASS_COUNT; c++) s->left[c] = draw_distance(&s->rng);
+  for (size_t c = 1; c < TH_CLASS_COUNT; c++) cut(heap, s, c);
+  return s;
+}
+
+/* The heap ends (thread exit): its pages keep their lists and counts as they are, and nothing is cut any
+ * more; the state waits in sampler_spare for the struct's next thread. */
+void profile_heap_end(th_heap_t *heap) { heap->sampler = NULL; }
+
+/* heap_malloc_slow on a thread heap while profiling: count, sample or serve, then cut the class's page. */
+void *profile_malloc(th_heap_t *heap, size_t size) {
+  th_sampler_t *s = heap->sampler;
+  if (s == NULL) s = sampler_attach(heap);
+  if (s == NULL || size > TH_LARGE_MAX) return heap_malloc_fill(heap, size); /* huge: huge_alloc samples */
+  size_t c = size_class(size), charged = class_size(c);
+  profile_settle_all(heap);
+  void *p = NULL;
+  if (!in_profiler && (charged >= profile.rate || s->left[c] <= (int64_t)charged)) {
+    if (charged < profile.rate) s->left[c] = draw_distance(&s->rng);
+    in_profiler = 1;
+    p = sample_block(size, charged);
+    in_profiler = 0;
+  } else {
+    s->left[c] -= (int64_t)charged;
+  }
+  if (p == NULL) {
+    s->busy_class = c;
+    p = heap_malloc_fill(heap, size);
+    s->busy_class = 0;
+  }
+  cut(heap, s, c);
+  return p;
+}
+
+/* ---- start, dumps, exit */
+
+static void find_own_code(void) {
+  /* The executable segment that holds this function: threadheap's own code, unless it was linked into the
+   * program itself (a static link), where its frames then stay in the stacks. */
+  os_code_range((uintptr_t)&find_own_code, &own_lo, &own_hi);
+}
+
+static _Unwind_Reason_Code count_frame(struct _Unwind_Context *ctx, void *arg) {
+  (void)ctx;
+  ++*(int *)arg;
+  return _URC_NO_REASON;
+}
+
+void profile_init(void) {
+  if (th_options.profile_path == NULL && !th_options.leaks) return;
+  arena = os_reserve_rw(ARENA_SIZE);
+  if (arena == NULL) return;
+  table = arena_alloc(TABLE_SLOTS * sizeof *table);
+  overflow_stack = stack_new(NULL, 0, 0);
+  if (table == NULL || overflow_stack == NULL) return;
+  stack_publish(overflow_stack);
+  profile.rate = (size_t)th_options.profile_rate;
+  profile.start_ms = os_now_ms();
+  profile.start_ns = os_realtime_ns();
+  profile.pid = os_process_id();
+  atomic_store_explicit(&shared_rng, os_random() | 1, memory_order_relaxed);
+  atomic_store_explicit(&fresh_left, draw_shared(), memory_order_relaxed);
+  atomic_store_explicit(&huge_left, draw_shared(), memory_order_relaxed);
+  find_own_code();
+  /* The unwinder's first use, here, before any sample: whatever it sets up on first use is done now. */
+  int frames = 0;
+  _Unwind_Backtrace(count_frame, &frames);
+  sample_heap = explicit_create_samples();
+  if (sample_heap == NULL) return;
+  profile_signal_init();
+  th_profile_on = true;
+}
+
+void profile_fork_child(void) {
+  atomic_store_explicit(&peak_busy, 0, memory_order_relaxed);
+  profile_write_fork_child();
+}
+
+bool profile_in_profiler(void) { return in_profiler != 0; }
+void profile_enter(void) { in_profiler++; }
+void profile_leave(void) { in_profiler--; }
