@@ -4,9 +4,12 @@
 # otherwise named. The benchmark's own needs (the venv, the peer allocators) are bench/run.sh's.
 set -euo pipefail
 missing=()
-for tool in cmake:cmake ninja:ninja-build gcc:gcc g++:g++ python3:python3; do
+for tool in cmake:cmake ninja:ninja-build gcc:gcc g++:g++ python3:python3 protoc-c:protobuf-c-compiler; do
   command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
+# The heap profiler's libraries (protobuf-c, zlib): their headers.
+[ -e /usr/include/protobuf-c/protobuf-c.h ] || missing+=(libprotobuf-c-dev)
+[ -e /usr/include/zlib.h ] || missing+=(zlib1g-dev)
 ((${#missing[@]})) || exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "bench/prereq.sh: installing ${missing[*]}" >&2
