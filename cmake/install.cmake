@@ -33,6 +33,8 @@ install(FILES ${CMAKE_BINARY_DIR}/threadheap.pc DESTINATION ${CMAKE_INSTALL_LIBD
 
 set(TH_INSTALL_PYDIR ${CMAKE_INSTALL_DATADIR}/threadheap/python)
 install(DIRECTORY python/threadheap DESTINATION ${TH_INSTALL_PYDIR} PATTERN __pycache__ EXCLUDE)
+# The profile schema the profile reader compiles on first use (python/threadheap/profile_read.py).
+install(FILES proto/profile.proto DESTINATION ${CMAKE_INSTALL_DATADIR}/threadheap/proto)
 # The touch workload, which `threadheap run --stats` runs once to price a page fault on the machine.
 if(TARGET touch)
   install(TARGETS touch RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/threadheap)

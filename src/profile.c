@@ -26,6 +26,7 @@ profile_state_t profile;
 bool th_profile_on;
 static th_heap_t *sample_heap; /* serves sampled blocks; its segments' map entries make every free slow */
 static __thread int in_profiler __attribute__((tls_model("initial-exec"))); /* no sampling inside */
+static __thread bool force_sample __attribute__((tls_model("initial-exec"))); /* huge_alloc samples */
 
 /* ---- memory the profiler maps itself: one reservation, bump-allocated without a lock, never freed */
 
@@ -216,7 +217,16 @@ void profile_fresh(size_t bytes) {
 #define SAMPLE_HEADER 32
 
 static void *sample_block(size_t size, size_t charged) {
-  if (size > TH_LARGE_MAX - SAMPLE_HEADER || sample_heap == NULL) return NULL;
+  if (size > TH_LARGE_MAX - SAMPLE_HEADER) {
+    /* No room for the header in a heap page: a huge block, whose segment keeps the sample. */
+    in_profiler--;
+    force_sample = true;
+    void *p = huge_alloc(NULL, size, 16, false);
+    force_sample = false;
+    in_profiler++;
+    return p;
+  }
+  if (sample_heap == NULL) return NULL;
   if (!th_lock_unless_fork(&sample_heap->lock)) return NULL; /* a fork is under way: not sampled */
   /* Fresh memory carved for the block is this allocation's, as it would have been from the thread's heap. */
   _Atomic(uint64_t) *fresh = &sample_heap->flow.fresh[size_class(size + SAMPLE_HEADER)];
@@ -247,7 +257,7 @@ void profile_free_sampled(th_block_t *block) {
 void profile_huge_alloc(th_segment_t *seg, size_t size) {
   seg->sample_stack = NULL;
   if (!th_profile_on || in_profiler) return;
-  if (size < profile.rate && !countdown_hits(&huge_left, size)) return;
+  if (!force_sample && size < profile.rate && !countdown_hits(&huge_left, size)) return;
   in_profiler = 1;
   uint64_t est_bytes, est_count;
   seg->sample_stack = record_alloc(size, size, &est_bytes, &est_count);

@@ -478,6 +478,30 @@ static void human_bytes(char *out, size_t cap, uint64_t n) {
   else snprintf(out, cap, "%llu bytes", (unsigned long long)n);
 }
 
+/* The C++ runtime's demangler, when the program has it loaded (weak: a C program does not). */
+extern char *__cxa_demangle(const char *mangled, char *out, size_t *len, int *status) __attribute__((weak));
+
+/* A frame of the leak report: "#i 0xPC function+0xOFF (object)", the name demangled when it can be. */
+static void print_frame(uint32_t i, uintptr_t pc) {
+  char line[1024];
+  Dl_info info;
+  int len;
+  if (dladdr((void *)pc, &info) == 0 || info.dli_fname == NULL) {
+    len = snprintf(line, sizeof line, "    #%u 0x%lx\n", i, (unsigned long)pc);
+  } else if (info.dli_sname == NULL) {
+    len = snprintf(line, sizeof line, "    #%u 0x%lx (%s+0x%lx)\n", i, (unsigned long)pc, info.dli_fname,
+                   (unsigned long)(pc - (uintptr_t)info.dli_fbase));
+  } else {
+    /* At exit, after the program's destructors: the demangler's allocation is not sampled (in_profiler). */
+    char *demangled = __cxa_demangle ? __cxa_demangle(info.dli_sname, NULL, NULL, NULL) : NULL;
+    len = snprintf(line, sizeof line, "    #%u 0x%lx %s+0x%lx (%s)\n", i, (unsigned long)pc,
+                   demangled ? demangled : info.dli_sname, (unsigned long)(pc - (uintptr_t)info.dli_saddr),
+                   info.dli_fname);
+    free(demangled);
+  }
+  os_write_err(line, len > 0 && (size_t)len < sizeof line ? (size_t)len : sizeof line - 1);
+}
+
 static void leak_report(void) {
   size_t n = 0;
   uint64_t total = 0;
@@ -507,19 +531,7 @@ static void leak_report(void) {
     len = snprintf(line, sizeof line, "threadheap: leak of ~%s in ~%llu block%s, allocated at:\n", size,
                    (unsigned long long)count, count == 1 ? "" : "s");
     os_write_err(line, (size_t)len);
-    for (uint32_t f = 0; f < s->depth; f++) {
-      Dl_info info;
-      uintptr_t pc = s->pc[f];
-      if (dladdr((void *)pc, &info) && info.dli_sname)
-        len = snprintf(line, sizeof line, "    #%u 0x%lx %s+0x%lx (%s)\n", f, (unsigned long)pc, info.dli_sname,
-                       (unsigned long)(pc - (uintptr_t)info.dli_saddr), info.dli_fname ? info.dli_fname : "?");
-      else if (dladdr((void *)pc, &info) && info.dli_fname)
-        len = snprintf(line, sizeof line, "    #%u 0x%lx (%s+0x%lx)\n", f, (unsigned long)pc, info.dli_fname,
-                       (unsigned long)(pc - (uintptr_t)info.dli_fbase));
-      else
-        len = snprintf(line, sizeof line, "    #%u 0x%lx\n", f, (unsigned long)pc);
-      os_write_err(line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1);
-    }
+    for (uint32_t f = 0; f < s->depth; f++) print_frame(f, s->pc[f]);
   }
   os_unmap(sc.base, sc.cap);
 }

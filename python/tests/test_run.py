@@ -3,7 +3,8 @@ thresholds; the fault calibration (a fake workload counts its runs: measured onc
 another machine or with --calibrate, and "not calibrated" without it); the report on made-up numbers; and the
 command end to end: --stats on a program that faults in 32 MiB blocks (the fault estimate and its advice), on
 /bin/true (no advice), with the real touch workload (the calibration file written once), --record writing a
-real PNG and SVG, without matplotlib, and exit statuses.
+real PNG and SVG, without matplotlib, and exit statuses; --profile's command line, and end to end (a test that
+needs the library's heap profiler, below).
 
 The end-to-end tests need the built library and workloads (TH_LIB, TH_BIN_DIR, else TH_BUILD_DIR or build/)
 and gcc for the faulting program; outside CI they are skipped when these are missing, in CI they fail. The
@@ -112,6 +113,21 @@ def test_parse_args_accepts_the_documented_forms():
     assert run.parse_args(["--help"]).help and run.parse_args(["--stats", "-h", "--", "x"]).help
 
 
+def test_profile_takes_an_optional_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    o = run.parse_args(["--profile", "--", "prog"])
+    assert o.profile == str(tmp_path) and o.command == ["prog"] and not o.stats
+    assert run.profile_path(o.profile, 42) == str(tmp_path / "threadheap-profile.42.pb.gz")
+    o = run.parse_args(["--profile", "--stats", "--", "prog"])
+    assert o.profile == str(tmp_path) and o.stats
+    o = run.parse_args(["--profile", "heap.pb.gz", "--", "prog"])
+    assert o.profile == str(tmp_path / "heap.pb.gz")  # absolute: the program may change its directory
+    assert run.profile_path(o.profile, 42) == o.profile
+    (tmp_path / "out").mkdir()
+    o = run.parse_args(["--profile=out", "--", "prog"])
+    assert run.profile_path(o.profile, 7) == str(tmp_path / "out" / "threadheap-profile.7.pb.gz")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["prog"], "missing '--' before the program 'prog'"),
     (["--stats"], "missing '--' before the program"),
@@ -127,6 +143,10 @@ def test_parse_args_accepts_the_documented_forms():
     (["--record-interval", "nan", "--stats", "--", "true"], "--record-interval must be at least"),
     (["--record-interval", "1", "--", "true"], "--record-interval needs --record or --stats"),
     (["--calibrate", "--stats"], "missing '--' before the program"),
+    (["--calibrate", "--profile"], "missing '--' before the program"),
+    (["--profile=", "--", "true"], "--profile= needs a path"),
+    (["--profile", "/nonexistent-folder/p.pb.gz", "--", "true"], "--profile: no folder /nonexistent-folder"),
+    (["--profile", "prog"], "missing '--' before the program"),
 ])
 def test_bad_arguments_are_one_line(argv, message, capsys):
     status = run.main(argv)
@@ -466,3 +486,71 @@ def test_record_without_matplotlib_stops_before_the_program(built, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.startswith("threadheap run: --record needs matplotlib") and proc.stderr.count("\n") == 1
     assert not marker.exists() and not (tmp_path / "x.png").exists()
+
+
+def test_profile_without_protobuf_stops_before_the_program(tmp_path):
+    site = tmp_path / "site"
+    (site / "google" / "protobuf").mkdir(parents=True)
+    (site / "google" / "__init__.py").write_text("")
+    (site / "google" / "protobuf" / "__init__.py").write_text("raise ImportError('No module named protobuf')\n")
+    marker = tmp_path / "ran"
+    proc = run_cmd(["--profile", str(tmp_path), "--", "sh", "-c", f"touch {marker}"], tmp_path / "cache",
+                   {"PYTHONPATH": f"{site}:{REPO / 'python'}"})
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("threadheap run: --profile: reading profiles needs the Python package protobuf")
+    assert proc.stderr.count("\n") == 1 and not marker.exists()
+
+
+# Allocates 64 blocks of 1 MiB that it keeps (grow_table) and 64 that it frees at once (scratch).
+PROFILED_C = r"""
+#include <stdlib.h>
+#include <string.h>
+char *volatile kept[64];
+__attribute__((noinline)) void grow_table(int i) { kept[i] = malloc(1 << 20); memset(kept[i], 1, 1 << 20); }
+__attribute__((noinline)) void scratch(void) {
+  for (int i = 0; i < 64; i++) { char *volatile p = malloc(1 << 20); p[0] = 1; free(p); }
+}
+int main(void) {
+  for (int i = 0; i < 64; i++) grow_table(i);
+  scratch();
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="session")
+def profiled(tmp_path_factory):
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    need(gcc is not None, "needs gcc to build the profiled program")
+    d = tmp_path_factory.mktemp("profiled")
+    (d / "profiled.c").write_text(PROFILED_C)
+    # -g: file:line through addr2line; -rdynamic: the names through the library's dladdr too.
+    subprocess.run([gcc, "-O1", "-g", "-fno-omit-frame-pointer", "-rdynamic", "-o", str(d / "profiled"),
+                    str(d / "profiled.c")], check=True, timeout=60)
+    return str(d / "profiled")
+
+
+# NEEDS THE LIBRARY'S HEAP PROFILER (src/profile.c: THREADHEAP_PROFILE, written at exit). Until
+# build/libthreadheap.so has it, this test fails with "no heap profile was written in ...".
+def test_profile_end_to_end(built, profiled, tmp_path):
+    pytest.importorskip("google.protobuf")
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    proc = run_cmd(["--profile", str(folder), "--", profiled], tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    assert "no heap profile was written" not in proc.stderr, proc.stderr
+    [path] = folder.glob("threadheap-profile.*.pb.gz")
+    err = proc.stderr
+    assert f"threadheap run: heap profile in {path}\n" in err
+    inuse = err.split("\ninuse_space, ")[1].split("\nalloc_space, ")[0]
+    held = float(inuse.split()[0])  # "64.0 MiB in all:": an estimate from samples
+    assert inuse.split()[1] == "MiB" and 40 <= held <= 100, inuse
+    assert "grow_table" in inuse and "scratch" not in inuse  # scratch freed all it took
+    alloc = err.split("\nalloc_space, ")[1]
+    assert "grow_table" in alloc and "scratch" in alloc
+    # All of it with `threadheap profile`: file:line from the program's debug information.
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    again = subprocess.run([sys.executable, "-m", "threadheap", "profile", str(path), "--type", "alloc_space"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "grow_table" in again.stdout and "profiled.c:" in again.stdout and "main" in again.stdout

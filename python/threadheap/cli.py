@@ -1,7 +1,7 @@
 """The `threadheap` command: dispatches to one module per subcommand.
 
 Standard library only. Each subcommand's module is imported when it is chosen, so a subcommand that needs
-third-party packages (bench: rich, matplotlib) costs nothing to the others.
+third-party packages (bench: rich, matplotlib; profile: protobuf) costs nothing to the others.
 """
 
 import sys
@@ -10,12 +10,15 @@ USAGE = """usage: threadheap COMMAND [ARGS...]
 
 commands:
   bench    run the benchmark suite against glibc and the peer allocators (threadheap bench --help)
-  run      run a program with threadheap preloaded: threadheap run [--stats] [--record FILE.png] -- PROGRAM ARGS...
+  profile  read a heap profile: threadheap profile FILE.pb.gz [--type TYPE] [--flame OUT.svg] [--diff OLD NEW]
+  run      run a program with threadheap preloaded: threadheap run [--stats] [--record FILE.png]
+           [--profile [PATH]] -- PROGRAM ARGS...
   top      what memory costs running processes, whatever their allocator: threadheap top [PID...] (--help)
 """
 
 # name -> module under threadheap that has main(argv) -> int
-COMMANDS = {"bench": "threadheap.bench", "run": "threadheap.run", "top": "threadheap.top"}
+COMMANDS = {"bench": "threadheap.bench", "profile": "threadheap.profile", "run": "threadheap.run",
+            "top": "threadheap.top"}
 
 
 def main(argv=None):

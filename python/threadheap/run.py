@@ -1,9 +1,10 @@
-"""`threadheap run [--stats] [--record FILE] -- PROGRAM ARGS...`: run an unmodified program with threadheap
-preloaded, and tell the story of its memory at exit.
+"""`threadheap run [--stats] [--record FILE] [--profile [PATH]] -- PROGRAM ARGS...`: run an unmodified program
+with threadheap preloaded, and tell the story of its memory at exit.
 
-Standard library only (--record imports matplotlib when it draws). Without --stats or --record the command
-replaces itself with the program (exec), so the exit status, signals and the process id are the program's
-own. With either, it forks; the child execs the program and the parent watches it:
+Standard library only (--record imports matplotlib when it draws, --profile protobuf when it reads). Without
+--stats, --record or --profile the command replaces itself with the program (exec), so the exit status,
+signals and the process id are the program's own. With any of them, it forks; the child execs the program
+and the parent watches it:
 
   - every --record-interval (0.1 s) it samples the program's /proc files and threadheap's live export
     (docs/live-export.md, /dev/shm/threadheap.<pid>), waiting on a pidfd so that the program's exit ends the
@@ -14,7 +15,10 @@ own. With either, it forks; the child execs the program and the parent watches i
     run_stats.report prints on stderr where the time went (CPU, the allocator's system calls, first-touch
     faults priced by a calibration of this machine), where the memory went (at exit and at the sampled
     peak), who frees whose memory, and advice;
-  - with --record, run_record.draw writes a picture of the samples.
+  - with --record, run_record.draw writes a picture of the samples;
+  - with --profile, the child sets THREADHEAP_PROFILE before the exec, so that the library writes a heap
+    profile at exit (docs/profile.md); the parent prints its largest stacks with `threadheap profile`'s
+    printer (profile.py) and says where the file is.
 
 The same counters without Python:
 
@@ -27,6 +31,7 @@ user's page.
 
 import os
 import select
+import shlex
 import shutil
 import signal
 import sys
@@ -36,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROG = "threadheap run"
-USAGE = (f"usage: {PROG} [--stats] [--record FILE.png|FILE.svg] [--record-interval SECONDS] -- PROGRAM [ARGS...]"
-         f"\n       {PROG} --calibrate\n")
+USAGE = (f"usage: {PROG} [--stats] [--record FILE.png|FILE.svg] [--record-interval SECONDS] [--profile [PATH]]"
+         f" -- PROGRAM [ARGS...]\n       {PROG} --calibrate\n")
 HELP = USAGE + """
 Runs PROGRAM with threadheap preloaded (LD_PRELOAD, ahead of any preload already set) and exits with its
 status; a program killed by a signal kills this command with the same signal.
@@ -50,6 +55,10 @@ status; a program killed by a signal kills this command with the same signal.
                     faults/s and context switches/s into FILE (.png or .svg; needs matplotlib)
   --record-interval SECONDS
                     sampling interval of --record and --stats (default 0.1)
+  --profile [PATH]  have threadheap write a heap profile (pprof format) when PROGRAM exits, and print its
+                    largest stacks by inuse_space, alloc_space and fresh_space on stderr. PATH is the file,
+                    or a folder for threadheap-profile.<pid>.pb.gz (default: the current folder). Read
+                    it with `threadheap profile` (docs/profile.md); needs the Python package protobuf
   --calibrate       measure this machine's cost of a minor page fault again (the touch workload, median of
                     3 runs) and save it; --stats otherwise measures it once, on first need, and reuses it
                     from $XDG_CACHE_HOME/threadheap/touch.json (~/.cache/threadheap/touch.json)
@@ -86,6 +95,7 @@ class Options:
     record: str = None
     interval: float = SAMPLE_INTERVAL_S
     calibrate: bool = False
+    profile: str = None  # the profile's file, or a folder for threadheap-profile.<pid>.pb.gz
     command: list = None
     help: bool = False
 
@@ -107,18 +117,19 @@ def parse_interval(text):
     return value
 
 
-def check_record_path(path):
-    """The error in a --record FILE, or None: a known suffix, a folder that exists and is writable."""
+def check_record_path(path, option="--record"):
+    """The error in a picture's FILE (--record's, or `threadheap profile --flame`'s), or None: a known suffix,
+    a folder that exists and is writable."""
     suffix = Path(path).suffix.lower()
     if suffix not in (".png", ".svg"):
-        return f"--record FILE must end in .png or .svg: '{path}'"
+        return f"{option} FILE must end in .png or .svg: '{path}'"
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        return f"--record: no folder {folder}"
+        return f"{option}: no folder {folder}"
     if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        return f"--record: cannot write {path}: permission denied"
+        return f"{option}: cannot write {path}: permission denied"
     if os.path.isdir(path):
-        return f"--record: {path} is a folder"
+        return f"{option}: {path} is a folder"
     return None
 
 
@@ -153,13 +164,22 @@ def parse_args(argv):
             else:
                 opts.interval = parse_interval(value)
                 interval_given = True
+        elif name == "--profile":
+            if eq and not value:
+                raise RunError("--profile= needs a path (or give --profile alone for the current folder)")
+            if not eq:  # PATH is optional: a following word that is not an option is it
+                value = "."
+                if i + 1 < len(head) and not head[i + 1].startswith("-"):
+                    value = head[i + 1]
+                    i += 1
+            opts.profile = os.path.abspath(value)  # the program may change its directory before it writes
         elif a.startswith("-"):
             raise RunError(f"unknown option '{a}' (see {PROG} --help)")
         else:
             raise RunError(f"missing '--' before the program '{a}' (see {PROG} --help)")
         i += 1
     if split == len(argv):
-        if opts.calibrate and not (opts.stats or opts.record or interval_given):
+        if opts.calibrate and not (opts.stats or opts.record or interval_given or opts.profile):
             return opts
         raise RunError(f"missing '--' before the program (see {PROG} --help)")
     opts.command = argv[split + 1:]
@@ -171,7 +191,27 @@ def parse_args(argv):
         problem = check_record_path(opts.record)
         if problem:
             raise RunError(problem)
+    if opts.profile:
+        folder = opts.profile if os.path.isdir(opts.profile) else os.path.dirname(opts.profile)
+        if not os.path.isdir(folder):
+            raise RunError(f"--profile: no folder {folder}")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise RunError(f"--profile: cannot write in {folder}: permission denied")
     return opts
+
+
+def profile_path(target, pid):
+    """Where the program with this pid writes its profile: target, or a file named after the pid in the
+    folder target."""
+    return os.path.join(target, f"threadheap-profile.{pid}.pb.gz") if os.path.isdir(target) else target
+
+
+def file_stamp(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def find_library():
@@ -247,7 +287,7 @@ def exit_like(status):
     return os.WEXITSTATUS(status)
 
 
-def start_program(program, command, env, ignored, stats_path):
+def start_program(program, command, env, ignored, stats_path, profile=None):
     """Forks and execs the program; returns its pid once the exec has happened (or the child has failed and
     exited 127), so that the first sample is of the program and not of this Python's copy. From the fork on,
     the FORWARDED signals this command gets go to the program."""
@@ -260,6 +300,8 @@ def start_program(program, command, env, ignored, stats_path):
             if stats_path:
                 env = dict(env, THREADHEAP_SHOW_STATS="1", THREADHEAP_STATS_FILE=stats_path,
                            THREADHEAP_STATS_PID=str(os.getpid()))
+            if profile:
+                env = dict(env, THREADHEAP_PROFILE=profile_path(profile, os.getpid()))
             os.execve(program, command, env)
         except (OSError, ValueError) as e:
             os.write(2, f"{PROG}: cannot run {command[0]}: {getattr(e, 'strerror', None) or e}\n".encode())
@@ -314,14 +356,17 @@ def run_watched(lib, opts, program, ignored):
     if opts.stats:
         fd, stats_path = tempfile.mkstemp(prefix="threadheap-stats-")
         os.close(fd)
-    interval_ms = str(max(1, round(opts.interval * 1000)))
+    # --profile alone samples nothing it shows: the live export keeps its usual interval.
+    interval_ms = str(max(1, round(opts.interval * 1000))) if opts.stats or opts.record else EXPORT_INTERVAL_MS
     env = preload_env(lib, export_interval_ms=interval_ms)
+    # A file named by the user may be there from before: only a changed one is this run's.
+    before = file_stamp(opts.profile) if opts.profile and not os.path.isdir(opts.profile) else None
     try:
         for sig in (signal.SIGINT, signal.SIGQUIT):
             signal.signal(sig, signal.SIG_IGN)
         parent_rss = run_stats.own_rss()
         start = time.monotonic()
-        pid = start_program(program, opts.command, env, ignored, stats_path)
+        pid = start_program(program, opts.command, env, ignored, stats_path, opts.profile)
         sampler = run_stats.Sampler(pid, start, keep=bool(opts.record))
         status, rusage = watch(pid, sampler, opts.interval)
         wall = time.monotonic() - start
@@ -348,7 +393,26 @@ def run_watched(lib, opts, program, ignored):
         except Exception as e:  # the program's status stands; the drawing's failure is said in one line
             reason = " ".join(str(e).split())  # one line, whatever the exception's text
             sys.stderr.write(f"{PROG}: cannot draw {opts.record}: {type(e).__name__}: {reason}\n")
+    if opts.profile:
+        report_profile(profile_path(opts.profile, pid), before)
     return exit_like(status)
+
+
+def report_profile(path, before):
+    """Prints on stderr the largest stacks of the profile the program wrote, or one line saying why not."""
+    from . import profile, profile_read
+
+    if file_stamp(path) in (None, before):
+        sys.stderr.write(f"{PROG}: no heap profile was written in {path} (the library writes it at exit; not "
+                         f"when the program is killed)\n")
+        return
+    try:
+        prof = profile_read.load(path)
+    except profile_read.ProfileError as e:
+        sys.stderr.write(f"{PROG}: {e}\n")
+        return
+    sys.stderr.write(f"{PROG}: heap profile in {path}\n{profile.run_summary(prof)}"
+                     f"(all of it: threadheap profile {shlex.quote(path)}; a flame graph: add --flame OUT.svg)\n")
 
 
 def main(argv):
@@ -363,6 +427,13 @@ def main(argv):
             problem = run_record.check_matplotlib()
             if problem:
                 raise RunError(f"--record needs matplotlib ({problem}); install it, e.g. pip install matplotlib")
+        if opts.profile:
+            from . import profile_read
+
+            try:
+                profile_read.schema()  # before the program runs: its profile could not be read
+            except profile_read.ProfileError as e:
+                raise RunError(f"--profile: {e}") from None
         if opts.calibrate:
             from . import run_stats
 
@@ -378,7 +449,7 @@ def main(argv):
         sys.stderr.write(f"{PROG}: {e}\n")
         return e.status
     ignored = inherited_dispositions()
-    if not (opts.stats or opts.record):
+    if not (opts.stats or opts.record or opts.profile):
         sys.stdout.flush()
         sys.stderr.flush()
         try:

@@ -195,13 +195,17 @@ class Calibration:
     error: str = None           # why not calibrated, or why the result was not saved
 
 
-def cache_file():
-    """$XDG_CACHE_HOME/threadheap/touch.json, else ~/.cache/threadheap/touch.json (XDG: a relative
-    XDG_CACHE_HOME is ignored)."""
+def cache_dir():
+    """$XDG_CACHE_HOME/threadheap, else ~/.cache/threadheap (XDG: a relative XDG_CACHE_HOME is ignored)."""
     base = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):
         base = os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "threadheap" / "touch.json"
+    return Path(base) / "threadheap"
+
+
+def cache_file():
+    """The fault calibration: cache_dir()/touch.json."""
+    return cache_dir() / "touch.json"
 
 
 def touch_binary():
