@@ -137,13 +137,15 @@ void heap_free_local(th_heap_t *heap, th_page_t *page) {
  * purge delay. */
 void heap_free_tick(th_heap_t *heap, th_page_t *page) {
   th_assert(!page->in_full || page->used_word >> TH_USED_BITS == 0); /* parked: the count was all ones */
-  if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap);
-  if (page->in_full) {
+  if (page->in_full) { /* heap_free_local settles the sampler's counts */
     heap_count_frees(heap, page->class_idx, 1); /* the one free that carried out of the all-ones count */
     heap_free_local(heap, page);
   } else {
-    heap_count_frees(heap, page->class_idx, (uint64_t)1 << (32 - TH_USED_BITS));
-    if (th_unlikely(heap->sampler != NULL)) profile_free_tick(heap, page); /* the budget's free bound */
+    heap_count_frees(heap, page->class_idx, TH_FREE_COUNT_WRAP);
+    if (th_unlikely(heap->sampler != NULL)) {
+      profile_settle_all(heap);
+      profile_free_tick(heap, page); /* the budget's free bound */
+    }
     heap_purge(heap, false);
   }
 }

@@ -86,10 +86,7 @@ void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
   stats_committed((long)seg->huge_committed);
   stats_count(&th_stats_global.huge_allocs);
   attribution_huge(true, size, seg->is_zero);
-  if (th_unlikely(th_profile_on) && owner == NULL) {
-    profile_huge_alloc(seg, size);
-    if (seg->is_zero) profile_fresh(size);
-  }
+  if (th_unlikely(th_profile_on) && owner == NULL) profile_huge_alloc(seg, size, seg->is_zero);
   if (owner) {
     atomic_store_explicit(&seg->heap, owner, memory_order_relaxed);
     owner_link(owner, seg);
@@ -196,7 +193,7 @@ void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
   attribution_huge(false, seg->huge_size, false); /* a realloc counts as a free and an allocation */
   attribution_huge(true, size, false);
   profile_huge_free(seg); /* and so does it in a profile */
-  if (th_unlikely(th_profile_on) && owner == NULL) profile_huge_alloc(seg, size);
+  if (th_unlikely(th_profile_on) && owner == NULL) profile_huge_alloc(seg, size, false);
   seg->huge_size = size;
   stats_committed((long)seg->huge_committed - committed_before);
   if (owner) owner_link(owner, seg);

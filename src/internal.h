@@ -208,7 +208,8 @@ void profile_free_tick(th_heap_t *heap, th_page_t *page);
 void profile_heap_end(th_heap_t *heap);
 void profile_fresh(size_t bytes);
 void profile_free_sampled(th_block_t *block);
-void profile_huge_alloc(th_segment_t *seg, size_t size);
+/* A huge block allocated (fresh: mapped just now, for fresh_space) or reallocated: sampled or not. */
+void profile_huge_alloc(th_segment_t *seg, size_t size, bool fresh);
 void profile_huge_free(th_segment_t *seg);
 
 /* ---- export.c */

@@ -26,7 +26,6 @@ profile_state_t profile;
 bool th_profile_on;
 static th_heap_t *sample_heap; /* serves sampled blocks; its segments' map entries make every free slow */
 static __thread int in_profiler __attribute__((tls_model("initial-exec"))); /* no sampling inside */
-static __thread bool force_sample __attribute__((tls_model("initial-exec"))); /* huge_alloc samples */
 
 /* ---- memory the profiler maps itself: one reservation, bump-allocated without a lock, never freed */
 
@@ -216,14 +215,17 @@ void profile_fresh(size_t bytes) {
 
 #define SAMPLE_HEADER 32
 
+static void huge_record(th_segment_t *seg, size_t size, size_t charged, bool fresh);
+
 static void *sample_block(size_t size, size_t charged) {
   if (size > TH_LARGE_MAX - SAMPLE_HEADER) {
-    /* No room for the header in a heap page: a huge block, whose segment keeps the sample. */
-    in_profiler--;
-    force_sample = true;
+    /* No room for the header in a heap page: a huge block, whose segment keeps the sample (huge_alloc's
+     * own hooks stay quiet, in_profiler being set). */
     void *p = huge_alloc(NULL, size, 16, false);
-    force_sample = false;
-    in_profiler++;
+    if (p) {
+      th_segment_t *seg = segment_lookup(p);
+      huge_record(seg, size, charged, seg->is_zero);
+    }
     return p;
   }
   if (sample_heap == NULL) return NULL;
@@ -254,15 +256,22 @@ void profile_free_sampled(th_block_t *block) {
 
 /* ---- huge blocks: the sample is kept in the segment header */
 
-void profile_huge_alloc(th_segment_t *seg, size_t size) {
-  seg->sample_stack = NULL;
-  if (!th_profile_on || in_profiler) return;
-  if (!force_sample && size < profile.rate && !countdown_hits(&huge_left, size)) return;
-  in_profiler = 1;
+/* The sample of a huge block, kept in its segment, and (fresh: it was mapped just now) its fresh memory.
+ * In the profiler. */
+static void huge_record(th_segment_t *seg, size_t size, size_t charged, bool fresh) {
   uint64_t est_bytes, est_count;
-  seg->sample_stack = record_alloc(size, size, &est_bytes, &est_count);
+  seg->sample_stack = record_alloc(size, charged, &est_bytes, &est_count);
   seg->sample_bytes = est_bytes;
   seg->sample_count = est_count;
+  if (seg->sample_stack && fresh) fresh_at(seg->sample_stack, size);
+}
+
+void profile_huge_alloc(th_segment_t *seg, size_t size, bool fresh) {
+  seg->sample_stack = NULL;
+  if (!th_profile_on || in_profiler) return;
+  in_profiler = 1;
+  if (size >= profile.rate || countdown_hits(&huge_left, size)) huge_record(seg, size, size, fresh);
+  else if (fresh) fresh_at(NULL, size);
   in_profiler = 0;
 }
 
@@ -286,9 +295,9 @@ struct th_sampler_s {
 /* Allocations served from the page since the sampler last looked: each pop added 1 to used_word and each of
  * the owner's frees added TH_FREE_ADD (2^20 - 1), and there were fewer than 4,096 frees (the F-th carries). */
 static uint32_t pops_since(uint32_t base, uint32_t now) {
-  uint32_t d = now - base + 4096;
+  uint32_t d = now - base + TH_FREE_COUNT_WRAP;
   uint32_t frees = d >> TH_USED_BITS;
-  int64_t pops = (int64_t)(d & TH_USED_MASK) - 4096 + frees;
+  int64_t pops = (int64_t)(d & TH_USED_MASK) - TH_FREE_COUNT_WRAP + frees;
   return pops < 0 || pops > (1 << 19) ? 0 : (uint32_t)pops; /* slow-path changes between: not counted */
 }
 
@@ -332,11 +341,11 @@ static void cut(th_heap_t *heap, th_sampler_t *s, size_t c) {
   int64_t left = s->left[c];
   /* k allocations may go by before the one that crosses the sample point. */
   uint64_t k = left <= 0 || size >= profile.rate ? 0 : (uint64_t)(left + (int64_t)size - 1) / size - 1;
-  uint32_t f = k / 2 + 1 > 4095 ? 4095 : (uint32_t)(k / 2 + 1);
+  uint32_t f = k / 2 + 1 >= TH_FREE_COUNT_WRAP ? TH_FREE_COUNT_WRAP - 1 : (uint32_t)(k / 2 + 1);
   uint64_t l = k + 1 - f;
   /* The owner's F-th free carries: the count is folded into the flow and set to 4,096 - F, and the flow is
    * lowered by as much, so that flow + count (what attribution.c adds up) stays the true number of frees. */
-  uint32_t preset = 4096 - f;
+  uint32_t preset = TH_FREE_COUNT_WRAP - f;
   heap_count_frees(heap, c, (uint64_t)page_owner_frees(page) - preset);
   page->used_word = (page->used_word & TH_USED_MASK) | (preset << TH_USED_BITS);
   if (page->capacity - page_used(page) > l) cut_list(page, (uint32_t)l);
@@ -386,8 +395,7 @@ void *profile_malloc(th_heap_t *heap, size_t size) {
   th_sampler_t *s = heap->sampler;
   if (s == NULL) s = sampler_attach(heap);
   if (s == NULL || size > TH_LARGE_MAX) return heap_malloc_fill(heap, size); /* huge: huge_alloc samples */
-  size_t c = size_class(size), charged = class_size(c);
-  profile_settle_all(heap);
+  size_t c = size_class(size), charged = class_size(c); /* heap_malloc_slow has settled the counts */
   void *p = NULL;
   if (!in_profiler && (charged >= profile.rate || s->left[c] <= (int64_t)charged)) {
     if (charged < profile.rate) s->left[c] = draw_distance(&s->rng);
@@ -450,6 +458,5 @@ void profile_fork_child(void) {
   profile_write_fork_child();
 }
 
-bool profile_in_profiler(void) { return in_profiler != 0; }
 void profile_enter(void) { in_profiler++; }
 void profile_leave(void) { in_profiler--; }

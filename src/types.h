@@ -50,6 +50,7 @@
 #define TH_USED_BITS 20 /* th_page_t.used_word: a page holds at most 4,096 blocks, well under 2^20 */
 #define TH_USED_MASK (((uint32_t)1 << TH_USED_BITS) - 1)
 #define TH_FREE_ADD (((uint32_t)1 << TH_USED_BITS) - 1) /* one fewer used, one more owner free counted */
+#define TH_FREE_COUNT_WRAP ((uint32_t)1 << (32 - TH_USED_BITS)) /* owner frees per carry: 4,096 */
 
 typedef enum th_kind_e {
   TH_KIND_SMALL = 0,

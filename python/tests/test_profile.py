@@ -416,14 +416,10 @@ def test_command_line(tmp_path):
     assert proc.returncode == 0 and "#1 " in proc.stdout and "#2 " not in proc.stdout
 
 
-def test_without_protobuf_one_line_says_what_to_install(tmp_path):
-    site = tmp_path / "site"
-    (site / "google" / "protobuf").mkdir(parents=True)
-    (site / "google" / "__init__.py").write_text("")
-    (site / "google" / "protobuf" / "__init__.py").write_text("raise ImportError('No module named protobuf')\n")
+def test_without_protobuf_one_line_says_what_to_install(tmp_path, no_protobuf_pythonpath):
     path = tmp_path / "p.pb.gz"
     path.write_bytes(b"")
-    proc = cli(["profile", str(path)], {"PYTHONPATH": f"{site}:{REPO / 'python'}"})
+    proc = cli(["profile", str(path)], {"PYTHONPATH": no_protobuf_pythonpath})
     assert proc.returncode == 1
     assert proc.stderr == ("threadheap profile: reading profiles needs the Python package protobuf: pip install "
                            "protobuf grpcio-tools (bench/venv.sh puts them in the project's .venv)\n")

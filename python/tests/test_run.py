@@ -63,14 +63,19 @@ def built():
     return LIB
 
 
+def build_c(tmp_path_factory, name, source, flags, why):
+    """The program `name` compiled from the C text `source` with gcc `flags`; skipped (failed in CI) without gcc."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    need(gcc is not None, f"needs gcc to build {why}")
+    d = tmp_path_factory.mktemp(name)
+    (d / f"{name}.c").write_text(source)
+    subprocess.run([gcc, *flags, "-o", str(d / name), str(d / f"{name}.c")], check=True, timeout=60)
+    return str(d / name)
+
+
 @pytest.fixture(scope="session")
 def loop32(tmp_path_factory):
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    need(gcc is not None, "needs gcc to build the faulting program")
-    d = tmp_path_factory.mktemp("loop32")
-    (d / "loop32.c").write_text(LOOP_C)
-    subprocess.run([gcc, "-O2", "-o", str(d / "loop32"), str(d / "loop32.c")], check=True, timeout=60)
-    return str(d / "loop32")
+    return build_c(tmp_path_factory, "loop32", LOOP_C, ["-O2"], "the faulting program")
 
 
 def seed_calibration(cache, us=2.0):
@@ -488,14 +493,10 @@ def test_record_without_matplotlib_stops_before_the_program(built, tmp_path):
     assert not marker.exists() and not (tmp_path / "x.png").exists()
 
 
-def test_profile_without_protobuf_stops_before_the_program(tmp_path):
-    site = tmp_path / "site"
-    (site / "google" / "protobuf").mkdir(parents=True)
-    (site / "google" / "__init__.py").write_text("")
-    (site / "google" / "protobuf" / "__init__.py").write_text("raise ImportError('No module named protobuf')\n")
+def test_profile_without_protobuf_stops_before_the_program(tmp_path, no_protobuf_pythonpath):
     marker = tmp_path / "ran"
     proc = run_cmd(["--profile", str(tmp_path), "--", "sh", "-c", f"touch {marker}"], tmp_path / "cache",
-                   {"PYTHONPATH": f"{site}:{REPO / 'python'}"})
+                   {"PYTHONPATH": no_protobuf_pythonpath})
     assert proc.returncode == 2
     assert proc.stderr.startswith("threadheap run: --profile: reading profiles needs the Python package protobuf")
     assert proc.stderr.count("\n") == 1 and not marker.exists()
@@ -520,14 +521,9 @@ int main(void) {
 
 @pytest.fixture(scope="session")
 def profiled(tmp_path_factory):
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    need(gcc is not None, "needs gcc to build the profiled program")
-    d = tmp_path_factory.mktemp("profiled")
-    (d / "profiled.c").write_text(PROFILED_C)
     # -g: file:line through addr2line; -rdynamic: the names through the library's dladdr too.
-    subprocess.run([gcc, "-O1", "-g", "-fno-omit-frame-pointer", "-rdynamic", "-o", str(d / "profiled"),
-                    str(d / "profiled.c")], check=True, timeout=60)
-    return str(d / "profiled")
+    return build_c(tmp_path_factory, "profiled", PROFILED_C, ["-O1", "-g", "-fno-omit-frame-pointer", "-rdynamic"],
+                   "the profiled program")
 
 
 # NEEDS THE LIBRARY'S HEAP PROFILER (src/profile.c: THREADHEAP_PROFILE, written at exit). Until
