@@ -272,7 +272,9 @@ static inline uintptr_t thread_id(void) { return (uintptr_t)__builtin_thread_poi
  * run inside that window (their prepare after ours, their child before ours) and may allocate: for that
  * thread the lock is as good as held, so none is taken. Other threads take the lock, and wait. While a thread
  * takes or releases a lock, th_lock_busy names it, and once it holds one, the lock's holder names the thread:
- * so a fork from a signal handler that interrupted the thread there knows not to wait for it. */
+ * so a fork from a signal handler that interrupted the thread there knows not to wait for it. Each sets
+ * th_lock_busy back to what it was: a signal handler's fork may take and release locks in the middle of the
+ * code it interrupted, which must still be named busy when the handler returns. */
 extern __thread th_mutex_t *th_lock_busy __attribute__((tls_model("initial-exec")));
 
 static inline bool th_fork_owner_is_me(void) {
@@ -280,26 +282,29 @@ static inline bool th_fork_owner_is_me(void) {
 }
 static inline void th_lock(th_mutex_t *l) {
   if (th_fork_owner_is_me()) return;
+  th_mutex_t *was = th_lock_busy;
   th_lock_busy = l;
   pthread_mutex_lock(&l->m);
   atomic_store_explicit(&l->holder, thread_id(), memory_order_relaxed);
-  th_lock_busy = NULL;
+  th_lock_busy = was;
 }
 /* true when the lock is now held (or skipped, see th_lock); false when another thread holds it. */
 static inline bool th_trylock(th_mutex_t *l) {
   if (th_fork_owner_is_me()) return true;
+  th_mutex_t *was = th_lock_busy;
   th_lock_busy = l;
   bool held = pthread_mutex_trylock(&l->m) == 0;
   if (held) atomic_store_explicit(&l->holder, thread_id(), memory_order_relaxed);
-  th_lock_busy = NULL;
+  th_lock_busy = was;
   return held;
 }
 static inline void th_unlock(th_mutex_t *l) {
   if (th_fork_owner_is_me()) return;
+  th_mutex_t *was = th_lock_busy;
   th_lock_busy = l;
   atomic_store_explicit(&l->holder, 0, memory_order_relaxed);
   pthread_mutex_unlock(&l->m);
-  th_lock_busy = NULL;
+  th_lock_busy = was;
 }
 static inline void th_mutex_init(th_mutex_t *l) {
   pthread_mutex_init(&l->m, NULL);
@@ -317,10 +322,11 @@ static inline void th_mutex_init(th_mutex_t *l) {
  * adoption), touching only memory no lock guards. Otherwise the lock is held (or skipped, see th_lock). */
 static inline bool th_lock_unless_fork(th_mutex_t *l) {
   if (th_fork_owner_is_me()) return true;
+  th_mutex_t *was = th_lock_busy;
   th_lock_busy = l;
   bool held = th_likely(pthread_mutex_trylock(&l->m) == 0) || thread_lock_wait(&l->m);
   if (held) atomic_store_explicit(&l->holder, thread_id(), memory_order_relaxed);
-  th_lock_busy = NULL;
+  th_lock_busy = was;
   return held;
 }
 

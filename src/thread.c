@@ -203,17 +203,23 @@ void thread_lock_for_fork(th_mutex_t *l, unsigned level) {
   /* Held, or being taken or released, by this thread: a signal handler interrupted it there. The code it
    * interrupted finishes with the lock and releases it, in the parent and in the child alike. */
   if (atomic_load_explicit(&l->holder, memory_order_relaxed) == thread_id() || th_lock_busy == l) return;
+  th_mutex_t *was = th_lock_busy;
+  th_lock_busy = l;
   pthread_mutex_lock(&l->m);
   atomic_store_explicit(&l->holder, thread_id(), memory_order_relaxed);
   l->fork_level = level;
+  th_lock_busy = was;
 }
 
 void thread_unlock_after_fork(th_mutex_t *l, unsigned level, bool child) {
   if (l->fork_level != level) return;
+  th_mutex_t *was = th_lock_busy;
+  th_lock_busy = l; /* a fork from a signal handler that interrupts the release must not wait for l */
   l->fork_level = 0;
   atomic_store_explicit(&l->holder, 0, memory_order_relaxed);
   if (child) pthread_mutex_init(&l->m, NULL);
   else pthread_mutex_unlock(&l->m);
+  th_lock_busy = was;
 }
 
 static void fork_prepare(void) {
