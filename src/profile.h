@@ -41,4 +41,9 @@ void profile_leave(void);
 void profile_signal_init(void);
 void profile_write_fork_child(void);
 
+/* profile_symbols.c: names, files and lines of code addresses, for the leak report */
+void symbols_open(void);
+void symbols_describe(uintptr_t pc, char *out, size_t cap);
+void symbols_close(void);
+
 #endif /* TH_PROFILE_H */

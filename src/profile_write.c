@@ -478,27 +478,11 @@ static void human_bytes(char *out, size_t cap, uint64_t n) {
   else snprintf(out, cap, "%llu bytes", (unsigned long long)n);
 }
 
-/* The C++ runtime's demangler, when the program has it loaded (weak: a C program does not). */
-extern char *__cxa_demangle(const char *mangled, char *out, size_t *len, int *status) __attribute__((weak));
-
-/* A frame of the leak report: "#i 0xPC function+0xOFF (object)", the name demangled when it can be. */
+/* A frame of the leak report: "#i 0xPC function+0xOFF file:line (object)" (profile_symbols.c). */
 static void print_frame(uint32_t i, uintptr_t pc) {
-  char line[1024];
-  Dl_info info;
-  int len;
-  if (dladdr((void *)pc, &info) == 0 || info.dli_fname == NULL) {
-    len = snprintf(line, sizeof line, "    #%u 0x%lx\n", i, (unsigned long)pc);
-  } else if (info.dli_sname == NULL) {
-    len = snprintf(line, sizeof line, "    #%u 0x%lx (%s+0x%lx)\n", i, (unsigned long)pc, info.dli_fname,
-                   (unsigned long)(pc - (uintptr_t)info.dli_fbase));
-  } else {
-    /* At exit, after the program's destructors: the demangler's allocation is not sampled (in_profiler). */
-    char *demangled = __cxa_demangle ? __cxa_demangle(info.dli_sname, NULL, NULL, NULL) : NULL;
-    len = snprintf(line, sizeof line, "    #%u 0x%lx %s+0x%lx (%s)\n", i, (unsigned long)pc,
-                   demangled ? demangled : info.dli_sname, (unsigned long)(pc - (uintptr_t)info.dli_saddr),
-                   info.dli_fname);
-    free(demangled);
-  }
+  char what[900], line[1024];
+  symbols_describe(pc, what, sizeof what);
+  int len = snprintf(line, sizeof line, "    #%u %s\n", i, what);
   os_write_err(line, len > 0 && (size_t)len < sizeof line ? (size_t)len : sizeof line - 1);
 }
 
@@ -550,7 +534,9 @@ void profile_done(void) {
   }
   if (th_options.leaks) {
     profile_enter();
+    symbols_open();
     leak_report();
+    symbols_close();
     profile_leave();
   }
 }

@@ -87,6 +87,10 @@ def leaks(tmp):
         named = [re.sub(r"\(.*", "", n) for n in re.findall(r"#\d+ 0x[0-9a-f]+ ([A-Za-z_][\w:]*(?:\(\))?)\+", report)]
         check(leaky in named, f"leaks {prog}: the report names {leaky}")
         check(tidy not in named, f"leaks {prog}: and not {tidy}")
+        # The leaking function's frame carries its file:line (the programs are built with -g; libdw reads it).
+        src = prog + (".cpp" if preload else ".c")
+        check(re.search(rf"#\d+ 0x[0-9a-f]+ {re.escape(leaky)}(?:\(\))?\+0x[0-9a-f]+ \S*{src}:\d+ ", report),
+              f"leaks {prog}: {leaky}'s frame names {src}:line")
         first = re.search(r"leak of ~([\d.]+) (MiB|KiB)", report)
         mib = float(first.group(1)) / (1 if first.group(2) == "MiB" else 1024) if first else 0
         check(20 <= mib <= 28, f"leaks {prog}: largest leak ~{mib:.1f} MiB (24 MiB kept)")
