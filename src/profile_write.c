@@ -390,14 +390,17 @@ static _Atomic(unsigned) dump_seq;      /* PATH.<n> */
 static _Atomic(int) dump_requested;     /* SIGUSR2 arrived */
 static _Atomic(uint64_t) next_dump_ms;
 
-static int write_guarded(const char *path, bool wait) {
+/* Take the right to write a profile: one at a time. false when another is being written and !wait. */
+static bool write_begin(bool wait) {
   while (atomic_exchange_explicit(&writing, 1, memory_order_acquire)) {
-    if (!wait) {
-      errno = EBUSY;
-      return -1;
-    }
+    if (!wait) return false;
     os_sleep_ms(1);
   }
+  return true;
+}
+
+/* Write the profile to path, then give up the right write_begin took. */
+static int write_end(const char *path) {
   profile_enter();
   int rc = write_profile(path);
   int e = errno;
@@ -415,28 +418,32 @@ static void dump_path(char *out, size_t cap, unsigned seq) {
   if (seq && n > 0 && (size_t)n < cap) snprintf(out + n, cap - (size_t)n, ".%u", seq);
 }
 
-static void numbered_dump(void) {
+/* The next numbered profile, PATH.<n>; false when another profile is being written: the caller keeps its
+ * request for a later slow path (the number is taken only once the profile is written). */
+static bool numbered_dump(void) {
+  if (!write_begin(false)) return false;
   char path[4096 + 32];
   dump_path(path, sizeof path, atomic_fetch_add_explicit(&dump_seq, 1, memory_order_relaxed) + 1);
-  if (write_guarded(path, false) != 0 && errno != EBUSY)
-    options_verbose("could not write the heap profile %s (errno %d)", path, errno);
+  if (write_end(path) != 0) options_verbose("could not write the heap profile %s (errno %d)", path, errno);
+  return true;
 }
 
 void profile_tick(uint64_t now_ms) {
   if (th_options.profile_path == NULL) return;
-  if (atomic_exchange_explicit(&dump_requested, 0, memory_order_relaxed)) numbered_dump();
+  if (atomic_exchange_explicit(&dump_requested, 0, memory_order_relaxed) && !numbered_dump())
+    atomic_store_explicit(&dump_requested, 1, memory_order_relaxed);
   if (th_options.profile_interval == 0) return;
   uint64_t next = atomic_load_explicit(&next_dump_ms, memory_order_relaxed);
+  uint64_t later = now_ms + (uint64_t)th_options.profile_interval * 1000;
   if (next == 0) {
-    atomic_compare_exchange_strong_explicit(&next_dump_ms, &next, now_ms + (uint64_t)th_options.profile_interval * 1000,
-                                            memory_order_relaxed, memory_order_relaxed);
+    atomic_compare_exchange_strong_explicit(&next_dump_ms, &next, later, memory_order_relaxed, memory_order_relaxed);
     return;
   }
   if (now_ms < next) return;
-  if (!atomic_compare_exchange_strong_explicit(&next_dump_ms, &next, now_ms + (uint64_t)th_options.profile_interval * 1000,
-                                               memory_order_relaxed, memory_order_relaxed))
+  if (!atomic_compare_exchange_strong_explicit(&next_dump_ms, &next, later, memory_order_relaxed,
+                                               memory_order_relaxed))
     return; /* another thread writes this one */
-  numbered_dump();
+  if (!numbered_dump()) atomic_store_explicit(&next_dump_ms, next, memory_order_relaxed); /* still due */
 }
 
 static void on_sigusr2(int sig) {
@@ -449,7 +456,13 @@ void profile_signal_init(void) {
     options_verbose("SIGUSR2 has a handler of the program's: THREADHEAP_PROFILE_SIGNAL is ignored");
 }
 
-void profile_write_fork_child(void) { atomic_store_explicit(&writing, 0, memory_order_relaxed); }
+/* A forked child numbers its own profiles (PATH.<pid>.<n>) from 1, on its own clock. */
+void profile_write_fork_child(void) {
+  atomic_store_explicit(&writing, 0, memory_order_relaxed);
+  atomic_store_explicit(&dump_seq, 0, memory_order_relaxed);
+  atomic_store_explicit(&dump_requested, 0, memory_order_relaxed);
+  atomic_store_explicit(&next_dump_ms, 0, memory_order_relaxed);
+}
 
 TH_API int th_profile_dump(const char *path) {
   if (path == NULL || path[0] == '\0') {
@@ -460,7 +473,8 @@ TH_API int th_profile_dump(const char *path) {
     errno = ENOTSUP; /* profiling is off: THREADHEAP_PROFILE or THREADHEAP_LEAKS turns it on */
     return -1;
   }
-  return write_guarded(path, true);
+  write_begin(true);
+  return write_end(path);
 }
 
 /* ---- the leak report: the sampled blocks still live at exit, by stack, largest first */
@@ -525,7 +539,8 @@ void profile_done(void) {
   if (th_options.profile_path) {
     char path[4096 + 32];
     dump_path(path, sizeof path, 0);
-    if (write_guarded(path, true) != 0) {
+    write_begin(true);
+    if (write_end(path) != 0) {
       char line[256];
       int n = snprintf(line, sizeof line, "threadheap: could not write the heap profile %s: %s\n", path,
                        strerror(errno));
