@@ -5,14 +5,28 @@
  *   fork                the child allocates at child_site() and exits: it writes its own profile
  *   dlopen LIB          LIB's dl_site() keeps 16 MiB; then th_profile_dump(PATH)
  *   thread_exit         a thread keeps 16 MiB at exiting_site() and exits; then th_profile_dump(PATH)
- * Each prints "truth SITE BYTES" lines for the bytes each site still holds, and "allocated SITE BYTES". */
+ * Each prints "truth SITE BYTES" lines for the bytes each site still holds, and "allocated SITE BYTES".
+ * When profiles are written (PATH is THREADHEAP_PROFILE's, DUMP is PROFILE_DUMP):
+ *   interval            site_grow() holds 16 MiB more after each PATH.<n> appears; "file N live BYTES" for 1..3
+ *   signal              raises SIGUSR2 holding 16 MiB at site_signal(), then holding 32 MiB prints "ready PID" and
+ *                       waits for the test's SIGUSR2; "file N live BYTES" for 1..2
+ *   signal_own HOW      its own SIGUSR2 handler (HOW: preinit, main) or SIG_IGN (ignore): 3 signals, 64 MiB of churn
+ *   dump_threads        4 threads churn rings of checked blocks at site_worker() while main writes DUMP.1 .. DUMP.20
+ *   dump_errors on|off  th_profile_dump's failures, in the folder DUMP; "case NAME rc RC errno E" */
+#include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "threadheap.h"
@@ -172,6 +186,320 @@ static void *exiting_thread(void *arg) {
   return NULL;
 }
 
+/* ---- when profiles are written: every THREADHEAP_PROFILE_INTERVAL, on SIGUSR2, on th_profile_dump */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Is PATH.<n> there? The library writes it from a malloc or free slow path of the thread that calls, so in a
+ * program of one thread a file seen after a call returns is complete. */
+static bool numbered_exists(unsigned n) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s.%u", getenv("THREADHEAP_PROFILE"), n);
+  return access(path, F_OK) == 0;
+}
+
+__attribute__((noipa)) void *site_grow(size_t n) { return fill(n); }
+__attribute__((noipa)) void *site_signal(size_t n) { return fill(n); }
+__attribute__((noipa)) void *site_churn(size_t n) { return fill(n); }
+
+/* A live set that grows at one site, and the numbered profiles seen appear as it grows. */
+typedef struct growing_s {
+  list_t held;
+  size_t live;          /* bytes held */
+  unsigned next;        /* the numbered profile looked for */
+  size_t live_at[8];    /* live when PATH.<n> appeared: the truth of that file */
+  uint64_t rng;
+} growing_t;
+
+static void look(growing_t *g) {
+  if (g->next < 8 && numbered_exists(g->next)) g->live_at[g->next++] = g->live;
+}
+
+static void grow(growing_t *g, void *(*site)(size_t), size_t bytes) {
+  for (size_t added = 0; added < bytes;) {
+    size_t n = 1024 + (size_t)(rng_next(&g->rng) % 7168);
+    void *p = site(n);
+    look(g); /* a profile written by this malloc was written before its block was counted */
+    keep(&g->held, p);
+    g->live += n, added += n;
+  }
+}
+
+/* Allocates and frees blocks at site_churn until PATH.<n> appears, `limit` bytes went by (0: no limit) or the
+ * timeout passes. Waiting, it sleeps 1 ms every 64 blocks: steady, but not a busy loop. Returns the bytes. */
+static size_t churn(growing_t *g, unsigned n, size_t limit, double timeout_s) {
+  double end = now_s() + timeout_s;
+  size_t churned = 0;
+  while (g->next <= n && (limit == 0 || churned < limit) && now_s() < end) {
+    for (int i = 0; i < 64; i++) {
+      size_t m = 1024 + (size_t)(rng_next(&g->rng) % 7168);
+      free(site_churn(m));
+      churned += m;
+    }
+    look(g);
+    if (limit == 0) nanosleep(&(struct timespec){0, 1000000}, NULL);
+  }
+  return churned;
+}
+
+/* Churns until PATH.<n> appears: 0, or 4 after 30 s. */
+static int wait_for(growing_t *g, unsigned n, size_t *churned) {
+  size_t bytes = churn(g, n, 0, 30.0);
+  if (churned) *churned = bytes;
+  if (g->next > n) return 0;
+  printf("timeout: %s.%u was not written within 30 s\n", getenv("THREADHEAP_PROFILE"), n);
+  return 4;
+}
+
+/* THREADHEAP_PROFILE_INTERVAL=1: 16 MiB more at site_grow after each PATH.<n> appears, so that PATH.1, .2, .3
+ * hold 16, 32, 48 MiB whenever the library writes them; the program decides, not the clock. */
+static int interval(void) {
+  growing_t g = {.next = 1, .rng = 0x2545F4914F6CDD1Dull};
+  for (unsigned n = 1; n <= 3; n++) {
+    grow(&g, site_grow, (size_t)16 << 20);
+    if (wait_for(&g, n, NULL)) return 4;
+    printf("file %u live %zu\n", n, g.live_at[n]);
+  }
+  printf("exit live %zu\n", g.live);
+  return 0;
+}
+
+/* THREADHEAP_PROFILE_SIGNAL=1: the program raises SIGUSR2 holding 16 MiB at site_signal; then, holding 32 MiB,
+ * it says "ready" and the test sends SIGUSR2 from outside. */
+static int signal_dump(void) {
+  growing_t g = {.next = 1, .rng = 0x9E3779B97F4A7C15ull};
+  grow(&g, site_signal, (size_t)16 << 20);
+  if (g.next != 1) return printf("error: %s.1 was written before any signal\n", getenv("THREADHEAP_PROFILE")), 1;
+  raise(SIGUSR2);
+  size_t churned;
+  if (wait_for(&g, 1, &churned)) return 4;
+  printf("file 1 live %zu churned %zu\n", g.live_at[1], churned);
+  grow(&g, site_signal, (size_t)16 << 20);
+  printf("ready %d\n", (int)getpid());
+  if (wait_for(&g, 2, NULL)) return 4;
+  printf("file 2 live %zu\n", g.live_at[2]);
+  return 0;
+}
+
+static volatile sig_atomic_t own_usr2_calls;
+static void on_own_usr2(int sig) { (void)sig, own_usr2_calls++; }
+
+static void install_own_usr2(void) {
+  struct sigaction sa = {.sa_handler = on_own_usr2};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR2, &sa, NULL);
+}
+
+/* PROFILE_USR2=preinit: the program's handler is in place before any library's constructor, threadheap's too. */
+static void own_usr2_early(int argc, char **argv, char **envp) {
+  (void)argc, (void)argv;
+  for (char **e = envp; e && *e; e++)
+    if (strcmp(*e, "PROFILE_USR2=preinit") == 0) install_own_usr2();
+}
+__attribute__((section(".preinit_array"), used))
+static void (*const preinit_usr2)(int, char **, char **) = own_usr2_early;
+
+/* The program's own SIGUSR2 (PROFILE_USR2: preinit, main, or ignore, inherited as SIG_IGN) stays its own: three
+ * signals, then 64 MiB of churn, far more than a dump needs, and no PATH.1. */
+static int signal_own(const char *how) {
+  bool ignored = strcmp(how, "ignore") == 0;
+  if (strcmp(how, "main") == 0) install_own_usr2();
+  growing_t g = {.next = 1, .rng = 0x9E3779B97F4A7C15ull};
+  grow(&g, site_signal, (size_t)4 << 20);
+  for (int i = 0; i < 3; i++) raise(SIGUSR2);
+  size_t churned = churn(&g, 1, (size_t)64 << 20, 30.0);
+  struct sigaction now;
+  sigaction(SIGUSR2, NULL, &now);
+  bool kept = ignored ? now.sa_handler == SIG_IGN : now.sa_handler == on_own_usr2;
+  printf("handled %d churned %zu kept %d dumped %d\n", (int)own_usr2_calls, churned, kept, g.next > 1);
+  return 0;
+}
+
+/* Four threads each keep a ring of 2,048 blocks of 1-3 KiB from site_worker, each block filled with its own
+ * byte and checked whole before it is freed, while the main thread writes 20 profiles: the odd ones to files,
+ * the even ones into a FIFO whose reader opens it only once every ring has moved on by 256 blocks since the
+ * dump began, so that those dumps are certainly under way while the threads allocate (the reader copies them
+ * to files). */
+#define RING 2048
+#define RING_THREADS 4
+
+typedef struct ring_s {
+  pthread_t thread;
+  unsigned id;
+  unsigned char *block[RING];
+  size_t size[RING];
+  unsigned char tag[RING];
+  _Atomic(uint64_t) ops;
+  _Atomic(size_t) live;
+  size_t corrupt;
+} ring_t;
+
+static ring_t rings[RING_THREADS];
+static _Atomic(int) rings_stop;
+
+__attribute__((noipa)) void *site_worker(size_t n, unsigned char tag) {
+  unsigned char *p = malloc(n);
+  if (p == NULL) abort();
+  memset(p, tag, n);
+  return p;
+}
+
+static bool intact(const unsigned char *p, size_t n, unsigned char tag) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != tag) return false;
+  return true;
+}
+
+static void *ring_run(void *arg) {
+  ring_t *r = arg;
+  uint64_t rng = 0x9E3779B97F4A7C15ull * (r->id + 1);
+  size_t live = 0;
+  for (uint64_t seq = 0; !atomic_load_explicit(&rings_stop, memory_order_relaxed); seq++) {
+    size_t i = seq % RING;
+    if (r->block[i]) {
+      if (!intact(r->block[i], r->size[i], r->tag[i])) r->corrupt++;
+      free(r->block[i]);
+      live -= r->size[i];
+    }
+    r->size[i] = 1024 + (size_t)(rng_next(&rng) % 2048);
+    r->tag[i] = (unsigned char)(r->id * 67 + seq);
+    r->block[i] = site_worker(r->size[i], r->tag[i]);
+    live += r->size[i];
+    atomic_store_explicit(&r->live, live, memory_order_relaxed);
+    atomic_store_explicit(&r->ops, seq + 1, memory_order_release);
+  }
+  return NULL;
+}
+
+/* Waits until every ring i has done `ahead` more operations than from[i]; false after 30 s. */
+static bool rings_reach(const uint64_t *from, uint64_t ahead) {
+  for (double end = now_s() + 30.0; now_s() < end; nanosleep(&(struct timespec){0, 200000}, NULL)) {
+    int behind = 0;
+    for (int i = 0; i < RING_THREADS; i++)
+      behind += atomic_load_explicit(&rings[i].ops, memory_order_acquire) < from[i] + ahead;
+    if (behind == 0) return true;
+  }
+  return false;
+}
+
+static void rings_now(uint64_t *ops, uint64_t *total, size_t *live) {
+  *total = 0, *live = 0;
+  for (int i = 0; i < RING_THREADS; i++) {
+    ops[i] = atomic_load_explicit(&rings[i].ops, memory_order_relaxed);
+    *total += ops[i];
+    *live += atomic_load_explicit(&rings[i].live, memory_order_relaxed);
+  }
+}
+
+typedef struct fifo_copy_s {
+  char fifo[4096], out[4096];
+  uint64_t from[RING_THREADS];
+  bool ok;
+} fifo_copy_t;
+
+static void *fifo_copy(void *arg) {
+  fifo_copy_t *c = arg;
+  if (!rings_reach(c->from, 256)) return NULL; /* the dump then hangs in open: the alarm ends it */
+  FILE *in = fopen(c->fifo, "rb"), *out = fopen(c->out, "wb");
+  if (in == NULL || out == NULL) return NULL;
+  char buf[65536];
+  size_t n, total = 0;
+  while ((n = fread(buf, 1, sizeof buf, in)) > 0) total += fwrite(buf, 1, n, out);
+  c->ok = total > 0 && fclose(out) == 0;
+  fclose(in);
+  return NULL;
+}
+
+static int dump_threads(const char *path) {
+  alarm(120);
+  uint64_t ops[RING_THREADS] = {0}, ops0, ops1;
+  size_t live0, live1;
+  for (int i = 0; i < RING_THREADS; i++) {
+    rings[i].id = (unsigned)i;
+    pthread_create(&rings[i].thread, NULL, ring_run, &rings[i]);
+  }
+  int failed = !rings_reach(ops, RING); /* every ring full before the first profile */
+  for (int d = 1; d <= 20 && !failed; d++) {
+    static fifo_copy_t copy;
+    pthread_t reader;
+    bool fifo = d % 2 == 0;
+    snprintf(copy.out, sizeof copy.out, "%s.%d", path, d);
+    snprintf(copy.fifo, sizeof copy.fifo, "%s.%d.fifo", path, d);
+    rings_now(copy.from, &ops0, &live0);
+    if (fifo) {
+      copy.ok = false;
+      if (mkfifo(copy.fifo, 0600) != 0 || pthread_create(&reader, NULL, fifo_copy, &copy) != 0) return 1;
+    }
+    int rc = th_profile_dump(fifo ? copy.fifo : copy.out);
+    int e = errno;
+    if (fifo) pthread_join(reader, NULL), unlink(copy.fifo);
+    rings_now(ops, &ops1, &live1);
+    printf("dump %d rc %d errno %d fifo %d copied %d live %zu %zu during %llu\n", d, rc, rc ? e : 0, fifo,
+           fifo && copy.ok, live0, live1, (unsigned long long)(ops1 - ops0));
+    failed |= rc != 0 || (fifo && !copy.ok);
+    if (!rings_reach(ops, 64)) failed = 1; /* the threads go on between dumps too */
+  }
+  if (failed) printf("error: a dump failed, or the threads made no progress in 30 s\n");
+  atomic_store(&rings_stop, 1);
+  size_t corrupt = 0;
+  for (int i = 0; i < RING_THREADS; i++) {
+    pthread_join(rings[i].thread, NULL);
+    for (size_t k = 0; k < RING; k++) {
+      if (rings[i].block[k] && !intact(rings[i].block[k], rings[i].size[k], rings[i].tag[k])) rings[i].corrupt++;
+      free(rings[i].block[k]);
+    }
+    corrupt += rings[i].corrupt;
+  }
+  rings_now(ops, &ops1, &live1);
+  printf("corrupt %zu ops %llu\n", corrupt, (unsigned long long)ops1);
+  return failed || corrupt ? 1 : 0;
+}
+
+static int open_fds(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (d == NULL) return -1;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
+static void try_dump(const char *name, const char *path) {
+  errno = 0;
+  int rc = th_profile_dump(path);
+  printf("case %s rc %d errno %d\n", name, rc, rc ? errno : 0);
+}
+
+/* th_profile_dump's failures, in DIR (PROFILE_DUMP, where the test made an empty folder adir and a file afile):
+ * with profiling off; with it on, paths it cannot create, then a good one, which a failure that kept the
+ * writer's lock would hang (the alarm ends that). */
+static int dump_errors(const char *dir, bool on) {
+  alarm(30);
+  char path[4096];
+  int fds = open_fds();
+  if (!on) {
+    snprintf(path, sizeof path, "%s/off.pb.gz", dir);
+    try_dump("off", path);
+  } else {
+    try_dump("null", NULL);
+    try_dump("empty", "");
+    snprintf(path, sizeof path, "%s/missing/x.pb.gz", dir);
+    try_dump("missing_dir", path);
+    snprintf(path, sizeof path, "%s/adir", dir);
+    try_dump("directory", path);
+    snprintf(path, sizeof path, "%s/afile/x.pb.gz", dir);
+    try_dump("not_a_dir", path);
+    snprintf(path, sizeof path, "%s/good.pb.gz", dir);
+    try_dump("good", path);
+  }
+  printf("fds %d %d\n", fds, open_fds());
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "";
   const char *path = getenv("PROFILE_DUMP");
@@ -213,6 +541,12 @@ int main(int argc, char **argv) {
     pthread_join(t, NULL);
     return th_profile_dump(path) == 0 ? 0 : 1;
   }
-  fprintf(stderr, "usage: prog_profile accuracy [THREADS] | leak | fork | dlopen LIB | thread_exit\n");
+  if (strcmp(mode, "interval") == 0) return interval();
+  if (strcmp(mode, "signal") == 0) return signal_dump();
+  if (strcmp(mode, "signal_own") == 0 && argc > 2) return signal_own(argv[2]);
+  if (strcmp(mode, "dump_threads") == 0) return dump_threads(path);
+  if (strcmp(mode, "dump_errors") == 0 && argc > 2) return dump_errors(path, strcmp(argv[2], "on") == 0);
+  fprintf(stderr, "usage: prog_profile accuracy [THREADS] | leak | fork | dlopen LIB | thread_exit | interval |\n"
+                  "       signal | signal_own preinit|main|ignore | dump_threads | dump_errors on|off\n");
   return 2;
 }
