@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/run.sh: what `make bench` runs. Sets up what the benchmark driver needs, then runs the default
-# `threadheap bench` (all experiments, all allocators; at most five minutes on two cores).
+# `threadheap bench` (all experiments, all allocators, threadheap+profile among them: threadheap with heap
+# profiling on, whose row of the closing summary is what profiling costs; at most five minutes on two cores).
 #   - the project-local venv .venv with matplotlib, rich and pytest (bench/venv.sh);
 #   - the peer allocators from Debian, installed when running as root, otherwise named and left out.
 # Extra arguments go to `threadheap bench`, e.g. `bash bench/run.sh contention --reps 5`.

@@ -1,5 +1,6 @@
-"""Tests of the `threadheap bench` driver: parsing, planning, aggregation, compare, outputs, the README tables,
-a run over fake workloads (the explicit-heaps binary included), and one end-to-end run of the real ones.
+"""Tests of the `threadheap bench` driver: parsing (NAME=PATH allocators too), planning, the environment of a
+run, aggregation, the run's summary, compare, outputs, the README tables, runs over fake workloads (the
+explicit-heaps binary and threadheap+profile included), and one end-to-end run of the real ones.
 
 The end-to-end test needs the built workloads and library (TH_BUILD_DIR, default build/); outside CI it is
 skipped when they are missing, in CI (CI set) it fails instead, so a broken build cannot pass unseen.
@@ -16,6 +17,7 @@ import pytest
 
 from threadheap import bench
 from threadheap import bench_results as results
+from threadheap import bench_summary
 from threadheap.bench_experiments import EXPERIMENTS, BenchError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +49,65 @@ def test_parse_name_list():
         bench.parse_name_list("glibc,ptmalloc9", bench.ALLOCATORS, "allocator")
     with pytest.raises(BenchError, match="malformed allocator list"):
         bench.parse_name_list("glibc,", bench.ALLOCATORS, "allocator")
+
+
+def test_parse_allocators_takes_name_equals_path(tmp_path):
+    lib = tmp_path / "libsnmalloc.so"
+    lib.write_text("")
+    names, external = bench.parse_allocators(f"glibc, threadheap,snmalloc={lib},threadheap+profile,glibc")
+    assert names == ["glibc", "threadheap", "snmalloc", "threadheap+profile"]
+    assert external == {"snmalloc": lib}
+    # The same item twice is one allocator; one name with two files is an error.
+    assert bench.parse_allocators(f"snmalloc={lib},snmalloc={lib}") == (["snmalloc"], {"snmalloc": lib})
+    other = tmp_path / "libother.so"
+    other.write_text("")
+    with pytest.raises(BenchError, match="given twice"):
+        bench.parse_allocators(f"snmalloc={lib},snmalloc={other}")
+
+
+def test_parse_allocators_missing_file(tmp_path):
+    missing = tmp_path / "nothing" / "libsnmalloc.so"
+    with pytest.raises(BenchError) as e:
+        bench.parse_allocators(f"glibc,snmalloc={missing}")
+    assert str(e.value) == f"allocator 'snmalloc': {missing} not found"
+    with pytest.raises(BenchError, match="not found"):
+        bench.parse_allocators(f"snmalloc={tmp_path}")  # a folder is not a library
+
+
+@pytest.mark.parametrize("item", ["=/lib/x.so", "snm alloc=/lib/x.so", "a/b=/lib/x.so", "snmalloc=", "sn:m=/x",
+                                  "é=/lib/x.so"])
+def test_parse_allocators_malformed(item):
+    with pytest.raises(BenchError, match="malformed allocator '"):
+        bench.parse_allocators("glibc," + item)
+
+
+def test_parse_allocators_reserved_and_unknown_names(tmp_path):
+    lib = tmp_path / "lib.so"
+    lib.write_text("")
+    for name in ("os", "th"):  # the names of OS-baseline and linked-workload runs
+        with pytest.raises(BenchError, match=f"allocator name '{name}' is reserved"):
+            bench.parse_allocators(f"{name}={lib}")
+    with pytest.raises(BenchError, match="unknown allocator 'snmalloc'.*NAME=PATH"):
+        bench.parse_allocators("glibc,snmalloc")
+
+
+def test_resolve_allocators_external_and_builtin_names(tmp_path):
+    real = harmless_library()
+    link = tmp_path / "libsnmalloc.so"
+    link.symlink_to(real)
+    cfg = config(["contention", "--lib", str(real), "--allocators", f"threadheap,threadheap+profile,snmalloc={link}"])
+    libs = bench.resolve_allocators(cfg, warn=None)
+    # The file the report names is the resolved one; threadheap+profile preloads threadheap's library.
+    assert libs == {"threadheap": real.resolve(), "threadheap+profile": real.resolve(), "snmalloc": real.resolve()}
+    # A built-in name with a path is accepted only for that allocator's own library.
+    cfg = config(["contention", "--lib", str(real), "--allocators", f"threadheap={link},glibc"])
+    assert bench.resolve_allocators(cfg, warn=None) == {"threadheap": real.resolve(), "glibc": None}
+    other = tmp_path / "libother.so"
+    other.write_text("")
+    for name in ("threadheap", "glibc"):
+        cfg = config(["contention", "--lib", str(real), "--allocators", f"{name}={other}"])
+        with pytest.raises(BenchError, match=f"allocator '{name}': .* is not the built-in {name}'s library"):
+            bench.resolve_allocators(cfg, warn=None)
 
 
 def test_parse_output_ignores_other_lines():
@@ -102,6 +163,35 @@ def test_plan_runs_the_linked_workload_once_per_repetition_when_built(tmp_path, 
     assert group[0].exe_name == "contention"
     # Without threadheap among the allocators its methods are not run either.
     assert [j.allocator for j in bench.plan_jobs(cfg, ["glibc"])[0]] == ["glibc", "os"]
+
+
+def test_plan_runs_threadheap_profile_as_an_allocator(tmp_path):
+    (tmp_path / "contention_heaps").write_text("")
+    cfg = config(["contention", "--smoke", "--bin-dir", str(tmp_path)])
+    group = bench.plan_jobs(cfg, ["threadheap", "threadheap+profile", "glibc"])[0]
+    # Its runs take the allocators' arguments; the linked workload and the OS baseline run once, unprofiled.
+    assert [j.allocator for j in group] == ["threadheap", "threadheap+profile", "glibc", "os", "th"]
+    assert group[1].args == group[0].args and group[1].exe_name == "contention"
+
+
+def test_job_env_sets_the_profile_only_for_threadheap_profile(monkeypatch, tmp_path):
+    monkeypatch.setenv("THREADHEAP_PROFILE", "/inherited.pb.gz")  # would profile every threadheap run
+    monkeypatch.setenv("THREADHEAP_LEAKS", "1")
+    monkeypatch.setenv("LD_PRELOAD", "/inherited.so")
+    monkeypatch.setenv("THREADHEAP_PROFILE_RATE", "64K")
+    lib, ext = tmp_path / "libthreadheap.so", tmp_path / "libsnmalloc.so"
+    libs = {"threadheap": lib, "threadheap+profile": lib, "glibc": None, "snmalloc": ext}
+    profile = tmp_path / "p" / "heap.pb.gz"
+    envs = {a: bench.job_env(bench.Job("contention", a, []), libs, profile)
+            for a in list(libs) + [bench.OS_RUN, bench.LINKED_RUN]}
+    assert envs["threadheap+profile"]["THREADHEAP_PROFILE"] == str(profile)
+    assert envs["threadheap+profile"]["LD_PRELOAD"] == str(lib)
+    for a, env in envs.items():
+        assert "THREADHEAP_LEAKS" not in env and env["THREADHEAP_PROFILE_RATE"] == "64K"
+        if a != "threadheap+profile":
+            assert "THREADHEAP_PROFILE" not in env
+        assert env.get("LD_PRELOAD") == {"threadheap": str(lib), "threadheap+profile": str(lib),
+                                         "snmalloc": str(ext)}.get(a)
 
 
 def test_default_thread_counts(monkeypatch):
@@ -205,6 +295,29 @@ def test_order_allocators():
                                                "tcmalloc", "os:mmap"]
 
 
+def test_order_allocators_places_profile_and_external_ones():
+    names = ["os:mmap", "snmalloc", "glibc", "th:private", "threadheap+profile", "hoard", "threadheap"]
+    assert results.order_allocators(names) == ["threadheap", "threadheap+profile", "th:private", "glibc", "hoard",
+                                               "snmalloc", "os:mmap"]
+
+
+def test_chart_styles_are_stable_across_charts():
+    # Every chart of a run has the same external allocators: they run in every experiment, as the peers do.
+    small = results.chart_styles(["glibc", "threadheap", "snmalloc", "hoard"])
+    big = results.chart_styles(["threadheap", "threadheap+profile", "th:private", "th:shared", "glibc", "mimalloc",
+                                "jemalloc", "tcmalloc", "hoard", "snmalloc", "os:mmap", "os:file"])
+    colors, styles, markers = big
+    for a in ("threadheap", "glibc", "snmalloc"):  # the same look whatever else the chart holds
+        assert small[0][a] == colors[a] and small[1][a] == styles[a] and small[2][a] == markers[a]
+    # threadheap+profile: threadheap's colour, its own line style; external ones: square markers, colours of
+    # their own.
+    assert colors["threadheap+profile"] == colors["threadheap"] and styles["threadheap+profile"] == "-."
+    assert markers["snmalloc"] == markers["hoard"] == "s" and markers["glibc"] == "o"
+    others = [a for a in colors if a != "threadheap+profile"]
+    assert len({colors[a] for a in others}) == len(others)
+    assert (styles["th:private"], styles["os:mmap"], styles["snmalloc"]) == ("--", ":", "-")
+
+
 def test_tables_show_median_range_and_ratio():
     cells = results.aggregate(rows_fixture())
     tables = results.tables_for(EXPERIMENTS["contention"], cells, "us_per_op")
@@ -217,6 +330,86 @@ def test_tables_show_median_range_and_ratio():
     assert tables[1][2] == [["64", "0.500 [0.500–2.00] ×0.25"]]
     title, header, rows = results.tables_for(EXPERIMENTS["xthread"], cells, "mblocks_per_s")[0]
     assert header == ["live_mb", "threadheap", "glibc"] and rows[0][2] == "5.00 ×0.50"
+
+
+# ------------------------------------------------------------------------------------------------ summary
+
+
+def summary_rows():
+    """Hand-made cells: a lower-is-better time, an inverted throughput, RSS, metrics that do not count and
+    cells to skip."""
+    def row(exp, alloc, **fields):
+        return dict(experiment=exp, allocator=alloc, rep=0, **fields)
+
+    return [
+        # contention, us_per_op: glibc ×2 at 16 B, ×0.5 at 64 B; threadheap+profile ×1.02 and ×1.04.
+        row("contention", "threadheap", size=16, threads=1, us_per_op=1.0),
+        row("contention", "glibc", size=16, threads=1, us_per_op=2.0),
+        row("contention", "threadheap+profile", size=16, threads=1, us_per_op=1.02),
+        row("contention", "threadheap", size=64, threads=1, us_per_op=2.0),
+        row("contention", "glibc", size=64, threads=1, us_per_op=1.0),
+        row("contention", "threadheap+profile", size=64, threads=1, us_per_op=2.08),
+        # Skipped: threadheap's value is zero at 256 B and missing at 1 KiB.
+        row("contention", "threadheap", size=256, threads=1, us_per_op=0.0),
+        row("contention", "glibc", size=256, threads=1, us_per_op=3.0),
+        row("contention", "glibc", size=1024, threads=1, us_per_op=3.0),
+        # th:* and os:* rows are not allocators of the summary.
+        row("contention", "th:private", size=16, threads=1, us_per_op=0.5),
+        row("contention", "os:mmap", size=16, threads=1, us_per_op=50.0),
+        # xthread: throughput, higher is better: glibc's 4 against 10 is ×2.5 worse. end_rss_kb is memory;
+        # overhead and peak_rss_kb (not a table metric there) do not count.
+        row("xthread", "threadheap", live_mb=64, mblocks_per_s=10.0, overhead=0.1, peak_rss_kb=1000, end_rss_kb=100),
+        row("xthread", "glibc", live_mb=64, mblocks_per_s=4.0, overhead=0.9, peak_rss_kb=9000, end_rss_kb=300),
+        # random: context switches do not count; peak RSS does.
+        row("random", "threadheap", threads=1, max_size=2048, seconds=1, mops_per_s=100.0, vcsw_per_s=1.0,
+            ivcsw_per_s=1.0, peak_rss_kb=1000),
+        row("random", "glibc", threads=1, max_size=2048, seconds=1, mops_per_s=100.0, vcsw_per_s=1000.0,
+            ivcsw_per_s=1000.0, peak_rss_kb=1500),
+    ]
+
+
+def test_summary_arithmetic():
+    summary = results.run_summary(results.aggregate(summary_rows()))
+    assert [r["allocator"] for r in summary] == ["threadheap+profile", "glibc"]
+    glibc = summary[1]
+    t = glibc["time"]
+    # contention ×2 and ×0.5, xthread ×2.5 (10 / 4, inverted), random ×1.0 (100 / 100).
+    assert t["n"] == 4 and t["skipped"] == 2
+    assert t["geomean"] == pytest.approx((2 * 0.5 * 2.5 * 1.0) ** 0.25)
+    assert (t["min"], t["max"]) == (0.5, 2.5)
+    assert t["worst"] == {"experiment": "xthread", "params": {"live_mb": 64}, "metric": "mblocks_per_s",
+                          "ratio": 2.5}
+    m = glibc["memory"]  # xthread end_rss_kb ×3, random peak_rss_kb ×1.5
+    assert m["n"] == 2 and m["skipped"] == 0
+    assert m["geomean"] == pytest.approx((3 * 1.5) ** 0.5) and m["worst"]["metric"] == "end_rss_kb"
+    prof = summary[0]
+    assert prof["time"]["n"] == 2 and prof["time"]["geomean"] == pytest.approx((1.02 * 1.04) ** 0.5)
+    assert prof["memory"] == {"geomean": None, "n": 0, "skipped": 0}
+
+
+def test_summary_text():
+    cells = results.aggregate(summary_rows())
+    summary = results.run_summary(cells)
+    title, header, rows = bench_summary.summary_table(summary, "threadheap")
+    assert header == ["allocator", "time ÷ threadheap", "cells", "worst cell", "memory ÷ threadheap", "cells"]
+    assert rows[0] == ["threadheap+profile", "1.030 [1.020–1.040]", "2",
+                       "contention size=64 threads=1 us_per_op ×1.04", "–", "0"]
+    assert rows[1][1:4] == ["1.257 [0.500–2.500]", "4 (2 skipped)", "xthread live_mb=64 mblocks_per_s ×2.50"]
+    line = bench_summary.profile_line(summary, "threadheap")
+    assert line == ("threadheap+profile: heap profiling on at the default rate, time ÷ threadheap, geomean 1.030 "
+                    "(1.020–1.040) over 2 cells; within the limit of 1.03 (at most 3% slower at the default rate)")
+    assert "at THREADHEAP_PROFILE_RATE=64K" in bench_summary.profile_line(summary, "threadheap", "64K")
+    assert "limit" not in bench_summary.profile_line(summary, "threadheap", "64K")
+    slower = results.run_summary(results.aggregate([dict(r, us_per_op=r["us_per_op"] * 1.1)
+                                                    if r["allocator"] == "threadheap+profile" else r
+                                                    for r in summary_rows()]))
+    assert "; over the limit of 1.03" in bench_summary.profile_line(slower, "threadheap")
+    # Without threadheap+profile, or against another baseline, there is no profiling figure.
+    assert bench_summary.profile_line(summary[1:], "threadheap") is None
+    assert bench_summary.profile_line(summary, "glibc") is None
+    text = bench_summary.counted_text()
+    assert "time: contention us_per_op, threads seconds, random mops_per_s (inverted)" in text
+    assert "memory: random peak_rss_kb, xthread end_rss_kb, larson peak_rss_kb, larson end_rss_kb" in text
 
 
 # ------------------------------------------------------------------------------------------------ compare
@@ -258,6 +451,18 @@ def test_compare_cli(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("threadheap bench: cannot read")
 
 
+def test_compare_cli_with_profile_and_external_allocators(tmp_path, capsys):
+    rows = summary_rows() + [dict(r, allocator="snmalloc") for r in summary_rows() if r["allocator"] == "glibc"]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(result_of(rows)))
+    b.write_text(json.dumps(result_of([dict(r, us_per_op=r["us_per_op"] * 2) if "us_per_op" in r else r
+                                       for r in rows])))
+    assert bench.main(["--compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"threadheap\+profile .*│ 64 .*│ 2\.000 ", out)
+    assert re.search(r"snmalloc .*│ 16 .*│ 2\.000 ", out)
+
+
 # ------------------------------------------------------------------------------------------------ outputs
 
 
@@ -269,6 +474,8 @@ def report_tables(report):
         if m:
             title = m.group(1)
             tables[title] = []
+        elif line.startswith("#"):
+            title = None  # a section's own tables (Machine, Allocators) have no title
         elif line.startswith("| ") and title is not None:
             tables[title].append([c.strip() for c in line.strip("|").split("|")])
     return {t: rows[1:] for t, rows in tables.items()}  # without the header row
@@ -319,11 +526,41 @@ def test_write_outputs_on_fixed_results(tmp_path):
     assert data["cells"] == result["cells"]
 
 
+def test_report_and_readme_open_with_the_summary(tmp_path):
+    result = result_of(summary_rows(), ["contention", "xthread", "random"])
+    result["summary"] = results.run_summary(result["cells"])
+    result["meta"]["machine"]["libraries"].update({"threadheap+profile": "/x/libthreadheap.so",
+                                                   "snmalloc": "/opt/lib/libsnmalloc.so.1"})
+    result["meta"]["config"]["external"] = {"snmalloc": "/opt/libsnmalloc.so"}
+    results.write_outputs(tmp_path, result)
+    report = (tmp_path / "report.md").read_text()
+    line = bench_summary.profile_line(result["summary"], "threadheap")
+    title = bench_summary.summary_table(result["summary"], "threadheap")[0]
+    # At the top: the profiling figure, then the table, before the machine.
+    assert report.index(line) < report.index(title) < report.index("## Machine") < report.index("## Alloc/free")
+    tables = report_tables(report)
+    assert tables[title][0][:2] == ["threadheap+profile", "1.030 [1.020–1.040]"]
+    assert tables[title][1][:3] == ["glibc", "1.257 [0.500–2.500]", "4 (2 skipped)"]
+    assert "Counted: time: contention us_per_op" in report
+    assert "| snmalloc | external (NAME=PATH) | `/opt/lib/libsnmalloc.so.1` |" in report
+    assert "threadheap+profile is threadheap's library with heap profiling on" in report
+    assert json.loads((tmp_path / "results.json").read_text())["summary"] == result["summary"]
+    md = results.readme_markdown(result)
+    assert line in md and report_tables(md)[title] == tables[title]
+    # A results.json from before the summary: --readme computes it from the cells.
+    del result["summary"]
+    assert report_tables(results.readme_markdown(result))[title] == tables[title]
+
+
 def test_machine_info_records_versions():
     info = results.machine_info({"glibc": None})
     assert info["cores"] == os.cpu_count() and info["kernel"]
     assert set(info["packages"]) == {"libc6", "libmimalloc2.0", "libjemalloc2", "libtcmalloc-minimal4"}
     assert info["versions"]["glibc"]  # the Debian package's version, else the C library's
+    lib = harmless_library()
+    info = results.machine_info({"threadheap": lib, "threadheap+profile": lib, "snmalloc": Path("/opt/libsn.so")})
+    assert info["versions"]["threadheap+profile"] == info["versions"]["threadheap"]
+    assert info["libraries"]["snmalloc"] == "/opt/libsn.so" and "snmalloc" not in info["versions"]
 
 
 # ------------------------------------------------------------------------------------------------ readme
@@ -387,6 +624,9 @@ def test_readme_cli(tmp_path, capsys):
     (["contention", "--reps", "zero"], "malformed --reps"),
     (["contention", "--reps", "0"], "--reps must be at least 1"),
     (["contention", "--full", "--smoke"], "exclude each other"),
+    (["contention", "--allocators", "glibc,snmalloc=/nonexistent/libsnmalloc.so"],
+     "allocator 'snmalloc': /nonexistent/libsnmalloc.so not found"),
+    (["contention", "--allocators", "glibc,snm@lloc=/lib/x.so"], "malformed allocator 'snm@lloc=/lib/x.so'"),
 ])
 def test_bad_input_is_one_line_error(argv, message, capsys, tmp_path):
     assert bench.main(argv + ["--out", str(tmp_path / "o")]) == 2
@@ -487,6 +727,70 @@ def test_linked_workload_rows_join_contention(tmp_path, monkeypatch):
     md = results.readme_markdown(data, out)
     assert "| bytes | threadheap | th:malloc | th:new | th:shared | th:private | th:private-noserialize | glibc " \
            "| os:mmap |" in md
+
+
+FAKE_PROFILED = r"""#!/bin/sh
+# A stand-in for bench/contention that logs its preload and profile and, like libthreadheap, writes the
+# profile at exit (unless FAKE_NO_PROFILE): 1.0 us/op with a preload, 1.1 when profiled, 2.0 under glibc.
+echo "preload=[$LD_PRELOAD] profile=[$THREADHEAP_PROFILE]" >> "$FAKE_LOG"
+v=1.0; [ -z "$LD_PRELOAD" ] && v=2.0
+if [ -n "$THREADHEAP_PROFILE" ]; then v=1.1; [ -z "$FAKE_NO_PROFILE" ] && echo profile > "$THREADHEAP_PROFILE"; fi
+m=malloc; case "$*" in *"--method mmap"*) m=mmap; v=50;; esac
+for s in 16 64; do
+  echo "{\"experiment\":\"contention\",\"method\":\"$m\",\"size\":$s,\"threads\":1,\"pairs\":1024,\"us_per_op\":$v}"
+done
+"""
+
+
+def fake_profiled_run(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "contention").write_text(FAKE_PROFILED)
+    (bindir / "contention").chmod(0o755)
+    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "log"))
+    monkeypatch.setenv("THREADHEAP_PROFILE", str(tmp_path / "inherited.pb.gz"))  # not for the other runs
+    lib = harmless_library()
+    ext = tmp_path / "libsnmalloc.so"
+    ext.symlink_to(lib)
+    return ["contention", "--smoke", "--allocators", f"threadheap,threadheap+profile,glibc,snmalloc={ext}",
+            "--lib", str(lib), "--bin-dir", str(bindir), "--reps", "2", "--out", str(tmp_path / "out")]
+
+
+def test_threadheap_profile_and_external_allocator_run(tmp_path, monkeypatch, capsys):
+    assert bench.main(fake_profiled_run(tmp_path, monkeypatch)) == 0
+    lib = harmless_library().resolve()
+    log = (tmp_path / "log").read_text().splitlines()
+    assert len(log) == 2 * 5  # threadheap, threadheap+profile, glibc, snmalloc, os:mmap
+    profiled = [line for line in log if "profile=[]" not in line]
+    # Two runs profiled, each to a file of its own, with threadheap's library; the files are gone after.
+    assert len(profiled) == 2 and all(line.startswith(f"preload=[{lib}] profile=[/") for line in profiled)
+    paths = [Path(re.search(r"profile=\[(.*)\]", line).group(1)) for line in profiled]
+    assert len(set(paths)) == 2 and not any(p.exists() or p.parent.exists() for p in paths)
+    assert not (tmp_path / "inherited.pb.gz").exists()
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["meta"]["config"]["allocators"] == ["threadheap", "threadheap+profile", "glibc", "snmalloc"]
+    assert data["meta"]["config"]["external"] == {"snmalloc": str(tmp_path / "libsnmalloc.so")}
+    assert data["meta"]["machine"]["libraries"]["snmalloc"] == str(lib)  # the resolved file
+    by = {r["allocator"]: r for r in data["summary"]}
+    assert set(by) == {"threadheap+profile", "glibc", "snmalloc"}
+    assert by["threadheap+profile"]["time"]["geomean"] == pytest.approx(1.1)
+    assert by["threadheap+profile"]["time"]["n"] == 2
+    assert by["glibc"]["time"]["geomean"] == pytest.approx(2.0) and by["snmalloc"]["time"]["geomean"] == 1.0
+    out = capsys.readouterr().out
+    assert out.index("contention: threadheap+profile,") < out.index("summary: each allocator ÷ threadheap")
+    assert "threadheap+profile: heap profiling on at the default rate, time ÷ threadheap, geomean 1.100 " \
+           "(1.100–1.100) over 2 cells; over the limit" in out
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert f"| snmalloc | external (NAME=PATH) | `{lib}` |" in report
+    check_outputs_agree(tmp_path / "out", ["contention"])
+
+
+def test_threadheap_profile_run_that_writes_no_profile_is_an_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_NO_PROFILE", "1")
+    assert bench.main(fake_profiled_run(tmp_path, monkeypatch)) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"threadheap bench: contention under threadheap\+profile: .* wrote no heap profile to "
+                        r"/.*heap\.pb\.gz", err[-1])
 
 
 def test_failing_workload_is_one_line_error(tmp_path, capsys):

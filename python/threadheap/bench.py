@@ -6,6 +6,11 @@ the run without a preload), repeats the whole set --reps times with the allocato
 repetition (so slow drift of a noisy machine hits all of them alike), and reduces every cell to its median
 with the min-max range. Ratios are always allocator / threadheap on the medians.
 
+The allocators: the built-in ones (ALLOCATORS), among them threadheap+profile, threadheap's library with
+THREADHEAP_PROFILE set to a file of a temporary folder of its own for each run (checked to be written, then
+deleted), whose row of the summary is what heap profiling costs; and any library given as NAME=PATH in
+--allocators, preloaded like the peers. The summary (bench_summary.py) closes the console output.
+
 Two kinds of rows are not an allocator under LD_PRELOAD: OS baselines ("os:mmap", "os:file", ...), a run of
 the same workload that bypasses malloc, and threadheap's explicit heaps ("th:private", ...), from a workload
 that links libthreadheap (Experiment.linked), run once per repetition when it has been built.
@@ -27,14 +32,15 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bench_experiments import (ALLOCATORS, EXPERIMENTS, LINKED_PREFIX, OS_PREFIX, PACKAGES, PEER_SONAMES,
-                                BenchError)
+from .bench_experiments import (ALLOCATORS, BASELINE, EXPERIMENTS, LINKED_PREFIX, OS_PREFIX, PACKAGES,
+                                PEER_SONAMES, PROFILED, BenchError)
 from .bench_results import (aggregate, baseline_of, compare, load_result, machine_info, print_compare,
-                            print_tables, readme_markdown, write_outputs)
+                            print_summary, print_tables, readme_markdown, run_summary, write_outputs)
 
 PROG = "threadheap bench"
 REPO = Path(__file__).resolve().parents[2]
@@ -76,6 +82,39 @@ def parse_name_list(text, known, what):
     return list(dict.fromkeys(items))
 
 
+# The name of a NAME=PATH allocator. "os" and "th" name the runs of OS baselines and linked workloads (Job).
+ALLOCATOR_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
+RESERVED_NAMES = ("os", "th")
+
+
+def parse_allocators(text):
+    """--allocators: built-in names and NAME=PATH items, a library to preload (snmalloc=/opt/libsnmalloc.so).
+    Returns the names in order and {name: path as given} of the NAME=PATH items. A built-in name given with a
+    path must be that allocator's own library: resolve_allocators checks it."""
+    items = [t.strip() for t in (text or "").split(",")]
+    if not text or any(not t for t in items):
+        raise BenchError(f"malformed allocator list '{text}'")
+    names, paths = [], {}
+    for item in items:
+        name, eq, path = (t.strip() for t in item.partition("="))
+        if not eq:
+            if name not in ALLOCATORS:
+                raise BenchError(f"unknown allocator '{name}' (known: {', '.join(ALLOCATORS)}; or NAME=PATH "
+                                 "to preload a library)")
+        elif not ALLOCATOR_NAME.fullmatch(name) or not path:
+            raise BenchError(f"malformed allocator '{item}' (NAME=PATH, NAME of letters, digits and _.+-)")
+        elif name in RESERVED_NAMES:
+            raise BenchError(f"allocator name '{name}' is reserved")
+        elif not Path(path).is_file():
+            raise BenchError(f"allocator '{name}': {path} not found")
+        elif paths.get(name, path) != path:
+            raise BenchError(f"allocator '{name}' given twice, as {paths[name]} and {path}")
+        else:
+            paths[name] = path
+        names.append(name)
+    return list(dict.fromkeys(names)), {k: Path(v) for k, v in paths.items()}
+
+
 def parse_output(text):
     """The JSON lines a workload printed; other lines are ignored."""
     rows = []
@@ -102,7 +141,8 @@ def build_parser():
         prog=PROG, description="Run threadheap's benchmarks under each allocator (switched with LD_PRELOAD).")
     p.add_argument("experiments", nargs="*", metavar="EXPERIMENT",
                    help="experiments to run (default: all): " + ", ".join(EXPERIMENTS))
-    p.add_argument("--allocators", help="comma-separated, default: " + ",".join(ALLOCATORS))
+    p.add_argument("--allocators", help="comma-separated, default: " + ",".join(ALLOCATORS) +
+                   "; NAME=PATH preloads any other library under that name, e.g. snmalloc=/opt/libsnmalloc.so")
     p.add_argument("--threads", help="thread counts, e.g. 1,2,4 (experiments that take threads)")
     p.add_argument("--sizes", help="block sizes, e.g. 16,1k,64k for contention, threads and pairs; large takes "
                    "the values from 1m up (e.g. 8m,32m), or plain MiB counts when it runs alone; random, "
@@ -134,13 +174,14 @@ class Config:
     lib: Path
     bin_dir: Path
     explicit_allocators: bool
+    external: dict = None  # name -> library as given, from --allocators NAME=PATH
 
 
 def make_config(args):
     experiments = (parse_name_list(",".join(args.experiments), list(EXPERIMENTS), "experiment")
                    if args.experiments else list(EXPERIMENTS))
-    allocators = (parse_name_list(args.allocators, ALLOCATORS, "allocator") if args.allocators is not None
-                  else list(ALLOCATORS))
+    allocators, external = (parse_allocators(args.allocators) if args.allocators is not None
+                            else (list(ALLOCATORS), {}))
     threads = parse_int_list(args.threads, "threads") if args.threads is not None else None
     sizes = parse_int_list(args.sizes, "sizes") if args.sizes is not None else None
     try:
@@ -157,7 +198,7 @@ def make_config(args):
     bin_dir = Path(args.bin_dir or os.environ.get("TH_BIN_DIR") or
                    Path(os.environ.get("TH_BUILD_DIR", REPO / "build")) / "bin")
     return Config(experiments, allocators, threads, sizes, reps, args.full, args.smoke, out, lib, bin_dir,
-                  args.allocators is not None)
+                  args.allocators is not None, external)
 
 
 # ------------------------------------------------------------------------------------------------ allocators
@@ -180,22 +221,31 @@ def find_peer(soname):
 
 
 def resolve_allocators(cfg, warn):
-    """name -> library to preload (None for glibc). Missing ones are an error when asked for by name, else
-    left out with a warning."""
+    """name -> library to preload (None for glibc). Missing built-in ones are an error when asked for by
+    name, else left out with a warning. A NAME=PATH library is preloaded as it is, unless NAME is built in:
+    then PATH must be that allocator's library."""
     libs = {}
+    external = cfg.external or {}
     for name in cfg.allocators:
-        if name == "glibc":
-            libs[name] = None
+        if name not in ALLOCATORS:
+            libs[name] = external[name].resolve()
             continue
-        path = cfg.lib if name == "threadheap" else find_peer(PEER_SONAMES[name])
-        if path is None or not Path(path).exists():
-            what = str(path) if name == "threadheap" else PEER_SONAMES[name]
-            hint = "build it with make" if name == "threadheap" else f"apt-get install {PACKAGES[name]}"
-            if cfg.explicit_allocators:
-                raise BenchError(f"allocator '{name}' not found: {what} ({hint})")
-            warn(f"{PROG}: leaving out {name}: {what} not found ({hint})")
-            continue
-        libs[name] = Path(path).resolve()
+        path = None
+        if name != "glibc":
+            ours = name in (BASELINE, PROFILED)
+            path = cfg.lib if ours else find_peer(PEER_SONAMES[name])
+            if path is None or not Path(path).exists():
+                what = str(path) if ours else PEER_SONAMES[name]
+                hint = "build it with make" if ours else f"apt-get install {PACKAGES[name]}"
+                if cfg.explicit_allocators:
+                    raise BenchError(f"allocator '{name}' not found: {what} ({hint})")
+                warn(f"{PROG}: leaving out {name}: {what} not found ({hint})")
+                continue
+            path = Path(path).resolve()
+        if name in external and external[name].resolve() != path:
+            raise BenchError(f"allocator '{name}': {external[name]} is not the built-in {name}'s library "
+                             f"({path or 'none: the system malloc'}); give it another name")
+        libs[name] = path
     if not libs:
         raise BenchError("no allocator to run")
     return libs
@@ -291,13 +341,39 @@ def rotated(group, rep):
     return group[k:] + group[:k]
 
 
-def run_job(job, cfg, libs, timeout=900):
-    exe = Path(cfg.bin_dir) / job.exe_name
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)
+# Inherited variables that would turn heap profiling on in every threadheap run, not only threadheap+profile's.
+PROFILE_VARS = ("THREADHEAP_PROFILE", "THREADHEAP_LEAKS")
+
+
+def job_env(job, libs, profile=None):
+    """The environment of one run: this process's without a preload or heap profiling of its own, plus the
+    job's allocator preloaded and, for threadheap+profile, THREADHEAP_PROFILE=profile."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and k not in PROFILE_VARS}
     lib = libs.get(job.allocator)
     if lib is not None:
         env["LD_PRELOAD"] = str(lib)
+    if job.allocator == PROFILED:
+        env["THREADHEAP_PROFILE"] = str(profile)
+    return env
+
+
+def run_job(job, cfg, libs, timeout=900):
+    if job.allocator != PROFILED:
+        return run_process(job, cfg, libs, job_env(job, libs), timeout)
+    # A folder of its own for each run, deleted with the profile (and a forked child's PATH.<pid>) after it.
+    with tempfile.TemporaryDirectory(prefix="threadheap-bench-") as folder:
+        profile = Path(folder) / "heap.pb.gz"
+        rows = run_process(job, cfg, libs, job_env(job, libs, profile), timeout)
+        if not profile.exists():
+            # Else the row would be threadheap's without profiling, and the cost of profiling a false zero.
+            raise BenchError(f"{job.experiment} under {PROFILED}: {libs[PROFILED]} wrote no heap profile to "
+                             f"{profile}")
+    return rows
+
+
+def run_process(job, cfg, libs, env, timeout):
+    exe = Path(cfg.bin_dir) / job.exe_name
+    lib = libs.get(job.allocator)
     who = job.allocator if job.binary is None else job.binary
     try:
         proc = subprocess.run([str(exe)] + job.args, capture_output=True, text=True, env=env, timeout=timeout)
@@ -440,6 +516,8 @@ def run_bench(args):
     timing = {}
     rows = run_all(cfg, libs, console=err, warn=warn, timing=timing)
     cells = aggregate(rows)
+    external = {k: str(v) for k, v in (cfg.external or {}).items() if k in libs}
+    summary = run_summary(cells)
     result = {
         "meta": {"started": started.isoformat(timespec="seconds"),
                  "seconds": (_dt.datetime.now() - started).total_seconds(),
@@ -447,12 +525,17 @@ def run_bench(args):
                  "command": command_line(args.argv),
                  "machine": machine_info(libs),
                  "config": {"experiments": cfg.experiments, "allocators": list(libs), "threads": cfg.threads,
-                            "sizes": cfg.sizes, "reps": cfg.reps, "full": cfg.full, "smoke": cfg.smoke}},
+                            "sizes": cfg.sizes, "reps": cfg.reps, "full": cfg.full, "smoke": cfg.smoke,
+                            "external": external,
+                            "profile_rate": os.environ.get("THREADHEAP_PROFILE_RATE") if PROFILED in libs
+                            else None}},
         "baseline": baseline_of(cells),
+        "summary": summary,
         "raw": rows,
         "cells": cells,
     }
     print_tables(cells, console, cfg.experiments)
+    print_summary(result, console)
     write_outputs(cfg.out, result)
     err.print(f"results: {cfg.out}/ (results.json, results.csv, report.md, charts)", markup=False, highlight=False)
     return 0

@@ -2,7 +2,8 @@
 
 One table, EXPERIMENTS, describes every workload in bench/*.c: the fields that identify a cell, the metrics
 it reports (and which way is better), the tables and the chart panels. The driver (bench.py) and the
-reports (bench_results.py) both read it. Standard library only.
+reports (bench_results.py) both read it, and each metric says whether the run's summary (bench_summary.py)
+counts it. Standard library only.
 """
 
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ class Metric:
     name: str
     label: str
     lower_is_better: bool
+    # The summary's column that counts it, for a table metric: "time" (a time or a throughput) or "memory"
+    # (RSS); None for the rest, which are derived from another metric of the same run or are not costs.
+    summary: str = None
 
 
 @dataclass
@@ -69,8 +73,8 @@ class Experiment:
         raise KeyError(name)
 
 
-def _m(name, label, lower=True):
-    return Metric(name, label, lower)
+def _m(name, label, lower=True, summary=None):
+    return Metric(name, label, lower, summary)
 
 
 EXPERIMENTS = {
@@ -85,7 +89,7 @@ EXPERIMENTS = {
             "methods from a program linked with it: malloc, new, a shared th_heap (th:shared), a private "
             "th_heap per thread (th:private), and a private one created with TH_HEAP_NO_SERIALIZE "
             "(th:private-noserialize), as in the seed's tables.",
-            ["size", "threads"], [_m("us_per_op", "µs per alloc/free pair")], ["us_per_op"],
+            ["size", "threads"], [_m("us_per_op", "µs per alloc/free pair", summary="time")], ["us_per_op"],
             [Panel("us_per_op", x="size", facet="threads", logx=True, logy=True)],
             threads="list", sizes=True, os_variant=["--method", "mmap"], allocator_args=["--method", "malloc"],
             layout="seed", linked="contention_heaps",
@@ -96,7 +100,8 @@ EXPERIMENTS = {
             "Each thread does the same number of 1 KiB alloc/free pairs; speed-up is the throughput over "
             "all threads against one thread of the same process (higher is better).",
             ["size", "threads"],
-            [_m("seconds", "seconds"), _m("mpairs_per_s", "Mpairs/s", False), _m("speedup", "speed-up", False)],
+            [_m("seconds", "seconds", summary="time"), _m("mpairs_per_s", "Mpairs/s", False),
+             _m("speedup", "speed-up", False)],
             ["seconds", "speedup"],
             [Panel("seconds", x="threads", logx=True), Panel("speedup", x="threads", logx=True)],
             threads="list", sizes=True),
@@ -106,8 +111,9 @@ EXPERIMENTS = {
             "largest sizes, one run each): throughput, context switches per second (a locked heap makes "
             "threads sleep) and peak RSS.",
             ["threads", "max_size"],
-            [_m("seconds", "seconds"), _m("mops_per_s", "Mops/s", False), _m("vcsw_per_s", "voluntary cs/s"),
-             _m("ivcsw_per_s", "involuntary cs/s"), _m("peak_rss_kb", "peak RSS KiB")],
+            [_m("seconds", "seconds"), _m("mops_per_s", "Mops/s", False, summary="time"),
+             _m("vcsw_per_s", "voluntary cs/s"), _m("ivcsw_per_s", "involuntary cs/s"),
+             _m("peak_rss_kb", "peak RSS KiB", summary="memory")],
             ["mops_per_s", "vcsw_per_s", "ivcsw_per_s", "peak_rss_kb"],
             [Panel("mops_per_s", x="threads"), Panel("vcsw_per_s", x="threads"), Panel("peak_rss_kb", x="threads")],
             threads="each", default_threads=None, sizes=True, size_arg="--max-size"),
@@ -119,7 +125,7 @@ EXPERIMENTS = {
             "each time (the floor). Costs per MiB; system = kernel time of the process, which on Linux "
             "includes the page zeroing that seed 001 found in another process.",
             ["mode", "size_mb"],
-            [_m("total_us_per_mb", "total µs/MiB"), _m("alloc_us_per_mb", "alloc µs/MiB"),
+            [_m("total_us_per_mb", "total µs/MiB", summary="time"), _m("alloc_us_per_mb", "alloc µs/MiB"),
              _m("touch_us_per_mb", "first touch µs/MiB"), _m("free_us_per_mb", "free µs/MiB"),
              _m("sys_us_per_mb", "system µs/MiB"), _m("minflt_per_iter", "minor faults/iteration")],
             ["total_us_per_mb", "alloc_us_per_mb", "touch_us_per_mb", "free_us_per_mb", "sys_us_per_mb",
@@ -134,7 +140,8 @@ EXPERIMENTS = {
             "256 MiB from malloc (per allocator) and, as OS baselines, anonymous mmap, a mapped temporary "
             "file, a static array and mmap with MADV_HUGEPAGE: time and page faults.",
             ["size_mb"],
-            [_m("ms", "ms"), _m("minflt", "minor faults"), _m("majflt", "major faults"), _m("sys_ms", "system ms")],
+            [_m("ms", "ms", summary="time"), _m("minflt", "minor faults"), _m("majflt", "major faults"),
+             _m("sys_ms", "system ms")],
             ["ms", "minflt", "sys_ms"],
             [Panel("ms"), Panel("minflt")],
             os_variant=["--methods", "mmap,file,static,huge"], allocator_args=["--methods", "malloc"]),
@@ -144,8 +151,8 @@ EXPERIMENTS = {
             "times: throughput, and the footprint above the live data (overhead = (peak RSS - empty RSS) / "
             "live - 1).",
             ["live_mb"],
-            [_m("mblocks_per_s", "Mblocks/s", False), _m("overhead", "RSS overhead over live"),
-             _m("peak_rss_kb", "peak RSS KiB"), _m("end_rss_kb", "RSS at end KiB")],
+            [_m("mblocks_per_s", "Mblocks/s", False, summary="time"), _m("overhead", "RSS overhead over live"),
+             _m("peak_rss_kb", "peak RSS KiB"), _m("end_rss_kb", "RSS at end KiB", summary="memory")],
             ["mblocks_per_s", "overhead", "end_rss_kb"],
             [Panel("mblocks_per_s"), Panel("overhead")]),
         Experiment(
@@ -153,7 +160,8 @@ EXPERIMENTS = {
             "Threads in rounds replace random blocks (16-512 B) in arrays that pass to other threads each "
             "round, so most frees are of blocks another, exited thread allocated: throughput and RSS.",
             ["threads"],
-            [_m("mops_per_s", "Mops/s", False), _m("peak_rss_kb", "peak RSS KiB"), _m("end_rss_kb", "RSS at end KiB")],
+            [_m("mops_per_s", "Mops/s", False, summary="time"), _m("peak_rss_kb", "peak RSS KiB", summary="memory"),
+             _m("end_rss_kb", "RSS at end KiB", summary="memory")],
             ["mops_per_s", "peak_rss_kb", "end_rss_kb"],
             [Panel("mops_per_s"), Panel("peak_rss_kb")],
             threads="each", default_threads=None),
@@ -163,7 +171,7 @@ EXPERIMENTS = {
             "divided by the speed-up of an allocation-free loop of equal work in the same run "
             "(1.0 = scales as well as code that never allocates; higher is better).",
             ["mode", "size"],
-            [_m("ns_per_pair", "ns per pair"), _m("speedup", "2-thread speed-up", False),
+            [_m("ns_per_pair", "ns per pair", summary="time"), _m("speedup", "2-thread speed-up", False),
              _m("ref_speedup", "reference speed-up", False), _m("scaling", "scaling ratio", False)],
             ["ns_per_pair", "scaling"],
             [Panel("ns_per_pair", x="size", facet="mode", logx=True),
@@ -172,12 +180,16 @@ EXPERIMENTS = {
     ]
 }
 
-ALLOCATORS = ["threadheap", "glibc", "mimalloc", "jemalloc", "tcmalloc"]
+# Built-in allocators. threadheap+profile is threadheap's library with heap profiling on (THREADHEAP_PROFILE,
+# a file per run); its row of the summary is what profiling costs. --allocators also takes NAME=PATH: any
+# other library, preloaded like the peers.
+ALLOCATORS = ["threadheap", "threadheap+profile", "glibc", "mimalloc", "jemalloc", "tcmalloc"]
 PEER_SONAMES = {"mimalloc": "libmimalloc.so.2", "jemalloc": "libjemalloc.so.2",
                 "tcmalloc": "libtcmalloc_minimal.so.4"}
 PACKAGES = {"glibc": "libc6", "mimalloc": "libmimalloc2.0", "jemalloc": "libjemalloc2",
             "tcmalloc": "libtcmalloc-minimal4"}
 BASELINE = "threadheap"
+PROFILED = "threadheap+profile"
 # Rows of an Experiment.linked workload are named LINKED_PREFIX + method; OS baselines "os:" + method.
 LINKED_PREFIX = "th:"
 OS_PREFIX = "os:"

@@ -1,7 +1,9 @@
 """Results of `threadheap bench`: aggregation into cells, tables, charts, report.md, --compare and --readme.
 
 A cell is one (experiment, allocator, parameters) with every metric reduced over the repetitions to its
-median, min, max and n, plus the ratio of its median to the baseline allocator's (threadheap) median.
+median, min, max and n, plus the ratio of its median to the baseline allocator's (threadheap) median. The
+run's summary (bench_summary.py: each allocator against threadheap over all cells) follows the tables on the
+console and opens report.md and the --readme output.
 matplotlib and rich are imported inside the functions that draw or print, so everything else here works
 with the standard library alone.
 """
@@ -16,7 +18,9 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from .bench_experiments import ALLOCATORS, BASELINE, EXPERIMENTS, LINKED_PREFIX, OS_PREFIX, PACKAGES, BenchError
+from .bench_experiments import (ALLOCATORS, BASELINE, EXPERIMENTS, LINKED_PREFIX, OS_PREFIX, PACKAGES, PROFILED,
+                                BenchError)
+from .bench_summary import counted_text, profile_line, summarize, summary_table
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,15 +80,33 @@ def _pkey(params):
 
 
 def order_allocators(names):
-    """threadheap, its explicit-heap methods (th:*), the other allocators in ALLOCATORS order, the OS
-    baselines (os:*), then anything else; th:* and os:* keep the order in which they first appear."""
+    """threadheap and threadheap+profile, threadheap's explicit-heap methods (th:*), the other allocators in
+    ALLOCATORS order, the external ones (--allocators NAME=PATH) by name, then the OS baselines (os:*); th:*
+    and os:* keep the order in which they first appear."""
     names = list(dict.fromkeys(names))
     linked = [n for n in names if n.startswith(LINKED_PREFIX)]
     os_rows = [n for n in names if n.startswith(OS_PREFIX)]
     known = [a for a in ALLOCATORS if a in names]
-    head = known[:1] if known[:1] == [BASELINE] else []
-    rest = sorted(n for n in names if n not in ALLOCATORS and n not in linked and n not in os_rows)
-    return head + linked + [a for a in known if a not in head] + os_rows + rest
+    head = [a for a in known if a in (BASELINE, PROFILED)]
+    external = sorted(n for n in names if is_external(n))
+    return head + linked + [a for a in known if a not in head] + external + os_rows
+
+
+def is_external(name):
+    """An allocator given as NAME=PATH: neither built in nor a th:* or os:* row."""
+    return name not in ALLOCATORS and not name.startswith((LINKED_PREFIX, OS_PREFIX))
+
+
+def run_summary(cells):
+    """The summary of a run (bench_summary.py): its allocators under LD_PRELOAD (and glibc) against the
+    baseline, in table order."""
+    names = order_allocators(c["allocator"] for c in cells)
+    return summarize(cells, baseline_of(cells), [a for a in names if not a.startswith((LINKED_PREFIX, OS_PREFIX))])
+
+
+def summary_of(result):
+    """The summary results.json holds or, in a file from before it had one, the one its cells give."""
+    return result["summary"] if "summary" in result else run_summary(result["cells"])
 
 
 # ------------------------------------------------------------------------------------------------ formatting
@@ -158,20 +180,46 @@ def tables_for(exp, cells, metric):
 
 
 def print_tables(cells, console, experiments=None):
-    from rich.table import Table
-    from rich.text import Text
-
-    # Text, not markup strings: "[min–max]" must print as it is, not be read as a style tag.
     for name in experiments or EXPERIMENTS:
         exp = EXPERIMENTS[name]
         for metric in exp.table_metrics:
             for title, header, rows in tables_for(exp, cells, metric):
-                t = Table(title=Text(title), title_justify="left")
-                for i, h in enumerate(header):
-                    t.add_column(Text(h), justify="left" if i == 0 else "right", no_wrap=True)
-                for r in rows:
-                    t.add_row(*(Text(c) for c in r))
-                console.print(t)
+                print_table(console, title, header, rows)
+
+
+def print_table(console, title, header, rows):
+    from rich.table import Table
+    from rich.text import Text
+
+    # Text, not markup strings: "[min–max]" must print as it is, not be read as a style tag.
+    t = Table(title=Text(title), title_justify="left")
+    for i, h in enumerate(header):
+        t.add_column(Text(h), justify="left" if i == 0 else "right", no_wrap=True)
+    for r in rows:
+        t.add_row(*(Text(c) for c in r))
+    console.print(t)
+
+
+def print_summary(result, console):
+    """The summary table, then the heap-profiling line when the run has threadheap+profile."""
+    summary = summary_of(result)
+    if not summary:
+        return
+    print_table(console, *summary_table(summary, result["baseline"]))
+    line = profile_line(summary, result["baseline"], result["meta"]["config"].get("profile_rate"))
+    if line:
+        console.print(line, markup=False, highlight=False)
+
+
+def summary_markdown(result):
+    """The summary for report.md and --readme: the heap-profiling line, the table and what it counts."""
+    summary = summary_of(result)
+    if not summary:
+        return []
+    line = profile_line(summary, result["baseline"], result.get("meta", {}).get("config", {}).get("profile_rate"))
+    title, header, rows = summary_table(summary, result["baseline"])
+    return ([f"{line}.", ""] if line else []) + [f"**{title}**", "", markdown_table(header, rows), "",
+                                                      counted_text(), ""]
 
 
 def markdown_table(header, rows):
@@ -206,10 +254,10 @@ def machine_info(libs=None):
     info["threadheap_commit"] = git_commit()
     info["libraries"] = {k: (str(v) if v else "(system malloc)") for k, v in (libs or {}).items()}
     # One version string per allocator: the Debian package's for glibc and the peers, the header's and the
-    # commit's for threadheap.
+    # commit's for threadheap and threadheap+profile; none for an external library.
     info["versions"] = {}
     for name in (libs or {}):
-        if name == "threadheap":
+        if name in (BASELINE, PROFILED):
             info["versions"][name] = " ".join(v for v in (info["threadheap_version"], info["threadheap_commit"]) if v)
         elif name in PACKAGES:
             info["versions"][name] = info["packages"][PACKAGES[name]] or (info["glibc"] if name == "glibc" else None)
@@ -321,10 +369,7 @@ def chart(exp, cells, path):
             if (r, c) not in used:
                 axes[r][c].axis("off")
     allocs = order_allocators(c["allocator"] for c in mine)
-    cmap = plt.get_cmap("tab10" if len(allocs) <= 10 else "tab20")
-    colors = {a: cmap(i % cmap.N) for i, a in enumerate(allocs)}
-    # Solid lines: allocators under LD_PRELOAD; dashed: threadheap's explicit heaps; dotted: OS baselines.
-    styles = {a: "--" if a.startswith(LINKED_PREFIX) else ":" if a.startswith(OS_PREFIX) else "-" for a in allocs}
+    colors, styles, markers = chart_styles(allocs)
     for row, col, p, sel, fv in slots:
         m = exp.metric(p.metric)
         ax = axes[row][col]
@@ -341,7 +386,7 @@ def chart(exp, cells, path):
                 ys = [t[1]["median"] for t in pts]
                 lo = [t[1]["median"] - t[1]["min"] for t in pts]
                 hi = [t[1]["max"] - t[1]["median"] for t in pts]
-                ax.errorbar(xs, ys, yerr=[lo, hi], label=a, color=colors[a], ls=styles[a], marker="o", ms=3,
+                ax.errorbar(xs, ys, yerr=[lo, hi], label=a, color=colors[a], ls=styles[a], marker=markers[a], ms=3,
                             capsize=2, lw=1.2)
             ax.set_xlabel(p.x)
             if p.logx:
@@ -360,7 +405,8 @@ def chart(exp, cells, path):
                     if st is None:
                         continue
                     ax.bar(j + i * width, st["median"], width, color=colors[a], label=a if j == 0 else None,
-                           yerr=[[st["median"] - st["min"]], [st["max"] - st["median"]]], capsize=2)
+                           yerr=[[st["median"] - st["min"]], [st["max"] - st["median"]]], capsize=2,
+                           hatch="//" if a == PROFILED else None)
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))])
             ax.set_xticklabels([", ".join(f"{q}={v}" for q, v in zip(exp.params, k)) for k in keys], fontsize=8)
         if p.logy:
@@ -377,6 +423,26 @@ def chart(exp, cells, path):
     fig.savefig(path, dpi=90, pil_kwargs={"optimize": True})  # small enough to commit for the README
     plt.close(fig)
     return True
+
+
+def chart_styles(allocs):
+    """Colour, line style and marker per row, the same in every chart of a run. The allocators of ALLOCATORS
+    have fixed colours, threadheap+profile threadheap's own (dash-dotted lines, hatched bars); external
+    allocators (square markers) take the next colours, by name (they run in every experiment, so every chart
+    of a run has the same ones); th:* (dashed) and os:* rows (dotted) those after. Ten colours from tab10,
+    then tab20's light ones."""
+    from matplotlib import colormaps
+
+    ordered = order_allocators(allocs)
+    slots = [a for a in ALLOCATORS if a != PROFILED] + [a for a in ordered if is_external(a)]
+    slots += [a for a in ordered if a not in slots and a != PROFILED]
+    tab10, tab20 = colormaps["tab10"], colormaps["tab20"]
+    colors = {a: tab10(i) if i < 10 else tab20((2 * (i - 10) + 1) % 20) for i, a in enumerate(slots)}
+    colors[PROFILED] = colors[BASELINE]
+    styles = {a: "-." if a == PROFILED else "--" if a.startswith(LINKED_PREFIX) else
+              ":" if a.startswith(OS_PREFIX) else "-" for a in ordered}
+    markers = {a: "s" if is_external(a) else "o" for a in ordered}
+    return colors, styles, markers
 
 
 def _stacked_bars(ax, exp, p, cells, allocs, legend=True):
@@ -425,27 +491,35 @@ def machine_line(meta):
 
 def legend(result):
     meta = result["meta"]
-    return (f"Each cell: median over {meta['config']['reps']} repetition(s), [min–max], and ×ratio = this "
+    text = (f"Each cell: median over {meta['config']['reps']} repetition(s), [min–max], and ×ratio = this "
             f"row's median / {result['baseline']}'s. Allocators were interleaved within each repetition. "
             "os:* rows are OS baselines run without any allocator under test; th:* rows are threadheap's "
             "explicit heaps, from a workload linked with libthreadheap.")
+    if PROFILED in meta.get("machine", {}).get("libraries", {}):
+        text += (f" {PROFILED} is threadheap's library with heap profiling on (THREADHEAP_PROFILE, a file per "
+                 "run, deleted after it).")
+    return text
 
 
 def write_report(path, result, charts):
     meta, cells = result["meta"], result["cells"]
     m = meta["machine"]
     libs = m.get("libraries", {})
-    lines = ["# threadheap benchmark report", "", machine_line(meta), "",
-             "## Machine", "",
-             markdown_table(["what", "value"], [
-                 ["CPU", str(m["cpu"])], ["cores", str(m["cores"])],
-                 ["memory", f"{m['memory_gib']} GiB" if m.get("memory_gib") else "unknown"],
-                 ["kernel", str(m["kernel"])], ["glibc", str(m["glibc"])], ["python", str(m.get("python"))]]
-                 + [[f"package {k}", str(v)] for k, v in m["packages"].items()]), "",
-             "## Allocators", "",
-             markdown_table(["allocator", "version", "library"],
-                            [[k, str(m.get("versions", {}).get(k)), f"`{v}`"] for k, v in libs.items()]),
-             "", legend(result), ""]
+    summary = summary_markdown(result)
+    lines = ["# threadheap benchmark report", "", machine_line(meta), ""]
+    if summary:
+        lines += ["## Summary", ""] + summary
+    lines += ["## Machine", "",
+              markdown_table(["what", "value"], [
+                  ["CPU", str(m["cpu"])], ["cores", str(m["cores"])],
+                  ["memory", f"{m['memory_gib']} GiB" if m.get("memory_gib") else "unknown"],
+                  ["kernel", str(m["kernel"])], ["glibc", str(m["glibc"])], ["python", str(m.get("python"))]]
+                  + [[f"package {k}", str(v)] for k, v in m["packages"].items()]), "",
+              "## Allocators", "",
+              markdown_table(["allocator", "version", "library"],
+                             [[k, m.get("versions", {}).get(k) or ("external (NAME=PATH)" if is_external(k) else "–"),
+                               f"`{v}`"] for k, v in libs.items()]),
+              "", legend(result), ""]
     if meta.get("experiment_seconds"):
         lines += ["Wall-clock time of each experiment's runs: " +
                   ", ".join(f"{k} {v:.0f} s" for k, v in meta["experiment_seconds"].items()) + ".", ""]
@@ -652,6 +726,7 @@ def readme_markdown(result, folder=None):
               f"Each cell: the median over the repetitions, ×ratio to {result.get('baseline', 'threadheap')}. "
               "th:* are threadheap's explicit heaps (a program linked with it), os:* the OS baselines. The full "
               "tables, with min–max, are in the run's report.md.", ""]
+    lines += summary_markdown(result)
     for title, header, rows in readme_tables(result):
         lines += [f"**{title}**", "", markdown_table(header, rows), ""]
     for c in charts:
