@@ -289,6 +289,7 @@ struct th_sampler_s {
   th_page_t *page[TH_CLASS_COUNT];  /* the first page of class c when last cut; NULL: not cut */
   uint32_t base[TH_CLASS_COUNT];    /* its used_word then */
   int64_t left[TH_CLASS_COUNT];     /* bytes of class c still to allocate before the next sample point */
+  uint16_t free_share[TH_CLASS_COUNT]; /* the owner's frees per allocation lately, in 256ths (see cut) */
   uint64_t cut_mask;                /* classes with a page cut */
   uint64_t rng;
   size_t busy_class;                /* the class a malloc slow path is serving (cut at its end), or 0 */
@@ -307,7 +308,13 @@ static void settle(th_sampler_t *s, size_t c) {
   th_page_t *page = s->page[c];
   if (page == NULL) return;
   uint32_t now = page->used_word;
-  s->left[c] -= (int64_t)pops_since(s->base[c], now) * (int64_t)class_size(c);
+  uint32_t pops = pops_since(s->base[c], now);
+  if (pops > 0) {
+    uint32_t frees = (now - s->base[c] + TH_FREE_COUNT_WRAP) >> TH_USED_BITS;
+    uint32_t share = frees >= pops ? 256 : frees * 256 / pops;
+    s->free_share[c] = (uint16_t)((s->free_share[c] + share + 1) / 2);
+  }
+  s->left[c] -= (int64_t)pops * (int64_t)class_size(c);
   s->base[c] = now;
 }
 
@@ -341,10 +348,17 @@ static void cut(th_heap_t *heap, th_sampler_t *s, size_t c) {
   s->cut_mask |= (uint64_t)1 << c;
   size_t size = class_size(c);
   int64_t left = s->left[c];
-  /* k allocations may go by before the one that crosses the sample point. */
+  /* k allocations may go by before the one that crosses the sample point: L + F = k + 1. The split follows
+   * the page's recent use, so that one slow path, not a series of halvings, usually reaches the sample: a
+   * loop that frees what it allocates (share near 1) keeps its list full and needs F large; one that
+   * allocates in batches needs L large. A wrong guess only brings the next slow path earlier. */
   uint64_t k = left <= 0 || size >= profile.rate ? 0 : (uint64_t)(left + (int64_t)size - 1) / size - 1;
-  uint32_t f = k / 2 + 1 >= TH_FREE_COUNT_WRAP ? TH_FREE_COUNT_WRAP - 1 : (uint32_t)(k / 2 + 1);
-  uint64_t l = k + 1 - f;
+  uint64_t l = ((k + 1) * (uint64_t)(256 - s->free_share[c]) + 255) / 256;
+  if (l < 1) l = 1; /* the list keeps a block, or a batch would take the slow path at once */
+  if (l > k) l = k;  /* and F >= 1 */
+  uint64_t f64 = k + 1 - l;
+  uint32_t f = f64 >= TH_FREE_COUNT_WRAP ? TH_FREE_COUNT_WRAP - 1 : (uint32_t)f64;
+  l = k + 1 - f;
   /* The owner's F-th free carries: the count is folded into the flow and set to 4,096 - F, and the flow is
    * lowered by as much, so that flow + count (what attribution.c adds up) stays the true number of frees. */
   uint32_t preset = TH_FREE_COUNT_WRAP - f;
@@ -383,7 +397,7 @@ static th_sampler_t *sampler_attach(th_heap_t *heap) {
   memset(s->page, 0, sizeof s->page);
   s->cut_mask = 0;
   s->busy_class = 0;
-  for (size_t c = 0; c < TH_CLASS_COUNT; c++) s->left[c] = draw_distance(&s->rng);
+  for (size_t c = 0; c < TH_CLASS_COUNT; c++) s->left[c] = draw_distance(&s->rng), s->free_share[c] = 128;
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) cut(heap, s, c);
   return s;
 }

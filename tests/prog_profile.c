@@ -12,7 +12,10 @@
  *                       waits for the test's SIGUSR2; "file N live BYTES" for 1..2
  *   signal_own HOW      its own SIGUSR2 handler (HOW: preinit, main) or SIG_IGN (ignore): 3 signals, 64 MiB of churn
  *   dump_threads        4 threads churn rings of checked blocks at site_worker() while main writes DUMP.1 .. DUMP.20
- *   dump_errors on|off  th_profile_dump's failures, in the folder DUMP; "case NAME rc RC errno E" */
+ *   dump_errors on|off  th_profile_dump's failures, in the folder DUMP; "case NAME rc RC errno E"
+ *   patterns            the sampler's split of a page's budget meets each way of using a page: site_pairs()
+ *                       frees each block at once, site_batch() allocates 200 then frees them, phases alternating;
+ *                       "allocated SITE BYTES", then th_profile_dump(PATH) */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -500,6 +503,38 @@ static int dump_errors(const char *dir, bool on) {
   return 0;
 }
 
+__attribute__((noipa)) void *site_pairs(size_t n) { return fill(n); }
+__attribute__((noipa)) void *site_batch(size_t n) { return fill(n); }
+
+/* Phases of pairs and of batches, in three sizes, each phase shorter than a sample distance or longer. */
+static int patterns(const char *path) {
+  static const size_t sizes[3] = {64, 1024, 8192};
+  size_t pairs = 0, batch = 0;
+  void *held[200];
+  for (int phase = 0; phase < 240; phase++) {
+    size_t n = sizes[phase % 3];
+    int rounds = 1 + phase % 7 * 40;
+    if (phase % 2 == 0) {
+      for (int i = 0; i < rounds * 200; i++) {
+        void *p = site_pairs(n);
+        if (((unsigned char *)p)[n - 1] != 0x5a) return 3;
+        free(p);
+        pairs += n;
+      }
+    } else {
+      for (int r = 0; r < rounds; r++) {
+        for (int i = 0; i < 200; i++) held[i] = site_batch(n), batch += n;
+        for (int i = 0; i < 200; i++) {
+          if (((unsigned char *)held[i])[n - 1] != 0x5a) return 3;
+          free(held[i]);
+        }
+      }
+    }
+  }
+  printf("allocated site_pairs %zu\nallocated site_batch %zu\n", pairs, batch);
+  return th_profile_dump(path) == 0 ? 0 : 4;
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "";
   const char *path = getenv("PROFILE_DUMP");
@@ -541,12 +576,13 @@ int main(int argc, char **argv) {
     pthread_join(t, NULL);
     return th_profile_dump(path) == 0 ? 0 : 1;
   }
+  if (strcmp(mode, "patterns") == 0) return patterns(path);
   if (strcmp(mode, "interval") == 0) return interval();
   if (strcmp(mode, "signal") == 0) return signal_dump();
   if (strcmp(mode, "signal_own") == 0 && argc > 2) return signal_own(argv[2]);
   if (strcmp(mode, "dump_threads") == 0) return dump_threads(path);
   if (strcmp(mode, "dump_errors") == 0 && argc > 2) return dump_errors(path, strcmp(argv[2], "on") == 0);
-  fprintf(stderr, "usage: prog_profile accuracy [THREADS] | leak | fork | dlopen LIB | thread_exit | interval |\n"
+  fprintf(stderr, "usage: prog_profile accuracy [THREADS] | patterns | leak | fork | dlopen LIB | thread_exit | interval |\n"
                   "       signal | signal_own preinit|main|ignore | dump_threads | dump_errors on|off\n");
   return 2;
 }

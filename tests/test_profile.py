@@ -89,6 +89,22 @@ def accuracy(tmp, threads):
           f"accuracy {threads}: site_freed alloc_space {freed_est / 2**20:.1f} MiB against {freed_true / 2**20:.1f} MiB")
 
 
+def patterns(tmp):
+    """Pairs (each block freed at once) and batches (200 allocated, then freed), alternating: the sampler's
+    split of a page's budget between its list and its free count adapts to each, and alloc_space stays true."""
+    prog = os.path.join(BIN, "prog_profile")
+    dump = os.path.join(tmp, "patterns.pb.gz")
+    r = run([prog, "patterns"], {"THREADHEAP_PROFILE": dump + ".exit",
+                                 "PROFILE_DUMP": dump})
+    check(r.returncode == 0, "patterns: runs, blocks intact" + tail(r.returncode, r.stdout, r.stderr))
+    truth = {site: int(n) for _, site, n in (line.split() for line in r.stdout.splitlines())}
+    alloc = pprof_top(prog, dump, "alloc_space") or {}
+    for site in ("site_pairs", "site_batch"):
+        est = alloc.get(site, 0)
+        check(site in truth and close_to(est, truth[site]),
+              f"patterns: {site} alloc_space {est / 2**20:.1f} MiB against {truth.get(site, 0) / 2**20:.1f} MiB")
+
+
 def leaks(tmp):
     # prog_profile_static links the static library: threadheap's frames must be left out there too.
     for prog, leaky, tidy, preload in (("prog_profile", "leaky", "tidy", False),
@@ -345,6 +361,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         accuracy(tmp, 0)
         accuracy(tmp, 8)
+        patterns(tmp)
         leaks(tmp)
         others(tmp)
         interval(tmp)
