@@ -125,7 +125,6 @@ void heap_page_retire(th_heap_t *heap, th_page_t *page) {
 
 /* The slow half of a free by the owner: the page was parked as full, or it became empty. */
 void heap_free_local(th_heap_t *heap, th_page_t *page) {
-  if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap);
   heap_collect_ready(heap);
   if (page->in_full) heap_unpark(heap, page);
   if (page_used(page) == 0) heap_page_retire(heap, page);
@@ -137,15 +136,12 @@ void heap_free_local(th_heap_t *heap, th_page_t *page) {
  * purge delay. */
 void heap_free_tick(th_heap_t *heap, th_page_t *page) {
   th_assert(!page->in_full || page->used_word >> TH_USED_BITS == 0); /* parked: the count was all ones */
-  if (page->in_full) { /* heap_free_local settles the sampler's counts */
+  if (page->in_full) {
     heap_count_frees(heap, page->class_idx, 1); /* the one free that carried out of the all-ones count */
     heap_free_local(heap, page);
   } else {
     heap_count_frees(heap, page->class_idx, TH_FREE_COUNT_WRAP);
-    if (th_unlikely(heap->sampler != NULL)) {
-      profile_settle_all(heap);
-      profile_free_tick(heap, page); /* the budget's free bound */
-    }
+    if (th_unlikely(heap->sampler != NULL)) profile_free_tick(heap, page); /* the budget's free bound */
     heap_purge(heap, false);
   }
 }
@@ -186,6 +182,7 @@ void heap_purge(th_heap_t *heap, bool force) {
   uint64_t delay = (uint64_t)th_options.purge_delay;
   if (!force && now < heap->next_purge_ms) return;
   heap->next_purge_ms = now + (delay / 4 > 10 ? delay / 4 : 10);
+  if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap); /* before pages change */
   /* Pages emptied by remote frees, in classes this thread no longer allocates, would wait forever: look at
    * every page. One still in use keeps its remote frees for when it runs dry: collecting them now gains
    * nothing, and would walk them (a cache miss per block) whenever local_free holds blocks. */
@@ -343,7 +340,6 @@ TH_NOINLINE void *heap_malloc_slow(th_heap_t *heap, size_t size) {
     }
   }
   bool sampled = th_unlikely(th_profile_on) && !heap_is_explicit(heap);
-  if (sampled && heap->sampler != NULL) profile_settle_all(heap); /* before the purge changes pages */
   if ((++heap->stat.slow_calls & 15) == 0) heap_purge(heap, false);
   if (sampled) return profile_malloc(heap, size);
   return heap_malloc_fill(heap, size);

@@ -371,6 +371,7 @@ static void cut(th_heap_t *heap, th_sampler_t *s, size_t c) {
 /* heap_direct_update: the first page of class c changed. */
 void profile_first_changed(th_heap_t *heap, size_t c) {
   th_sampler_t *s = heap->sampler;
+  settle(s, c); /* what the old first page served (it is still mapped: it leaves the queue before it goes) */
   if (c == s->busy_class) {
     s->page[c] = NULL; /* the slow path cuts it when it is done */
     return;
@@ -378,10 +379,11 @@ void profile_first_changed(th_heap_t *heap, size_t c) {
   cut(heap, s, c);
 }
 
-/* The owner's free count of a page carried (heap_free_tick, after profile_settle_all). */
+/* The owner's free count of a page carried (heap_free_tick): settle its class, and cut it again. */
 void profile_free_tick(th_heap_t *heap, th_page_t *page) {
   th_sampler_t *s = heap->sampler;
   size_t c = page->class_idx;
+  settle(s, c);
   if (c != 0 && s->page[c] == page && heap->queues[c].first == page) cut(heap, s, c);
 }
 
@@ -411,7 +413,8 @@ void *profile_malloc(th_heap_t *heap, size_t size) {
   th_sampler_t *s = heap->sampler;
   if (s == NULL) s = sampler_attach(heap);
   if (s == NULL || size > TH_LARGE_MAX) return heap_malloc_fill(heap, size); /* huge: huge_alloc samples */
-  size_t c = size_class(size), charged = class_size(c); /* heap_malloc_slow has settled the counts */
+  size_t c = size_class(size), charged = class_size(c);
+  settle(s, c); /* what the fast path served since the last look (other classes: at the next purge) */
   void *p = NULL;
   if (!in_profiler && (charged >= profile.rate || s->left[c] <= (int64_t)charged)) {
     if (charged < profile.rate) s->left[c] = draw_distance(&s->rng);
