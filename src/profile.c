@@ -66,7 +66,9 @@ static double sample_weight(size_t size) {
 
 /* ---- stacks, interned in an open-addressing table of the arena; inserts by CAS, no lock */
 
-#define TABLE_SLOTS ((size_t)1 << 20)
+/* 131,072 slots (1 MiB, touched where stacks hash): room for about 100,000 distinct sampled stacks before the
+ * 64-probe limit sends new ones to the overflow stack. 2^20 slots cost espresso (mimalloc-bench) 3 MB of RSS. */
+#define TABLE_SLOTS ((size_t)1 << 17)
 static _Atomic(profile_stack_t *) *table;
 static _Atomic(profile_stack_t *) stacks_all;
 static profile_stack_t *overflow_stack; /* when the table or the arena is full */
