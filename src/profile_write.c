@@ -430,7 +430,9 @@ static bool numbered_dump(void) {
 
 void profile_tick(uint64_t now_ms) {
   if (th_options.profile_path == NULL) return;
-  if (atomic_exchange_explicit(&dump_requested, 0, memory_order_relaxed) && !numbered_dump())
+  /* Read before the exchange: every thread's slow paths come here, and a write would bounce the line. */
+  if (atomic_load_explicit(&dump_requested, memory_order_relaxed) &&
+      atomic_exchange_explicit(&dump_requested, 0, memory_order_relaxed) && !numbered_dump())
     atomic_store_explicit(&dump_requested, 1, memory_order_relaxed);
   if (th_options.profile_interval == 0) return;
   uint64_t next = atomic_load_explicit(&next_dump_ms, memory_order_relaxed);
