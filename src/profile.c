@@ -74,6 +74,28 @@ static _Atomic(profile_stack_t *) stacks_all;
 static profile_stack_t *overflow_stack; /* when the table or the arena is full */
 static uintptr_t own_lo, own_hi;        /* threadheap's own code: its frames are left out of stacks */
 
+/* libunwind's fast path maps a frame cache of 256 KiB per thread at the thread's first sample (freed at its
+ * exit): a server of a thousand threads would pay 256 MB for it. So only this many threads at once use it;
+ * the others step through their frames with libunwind's ordinary unwinder, which keeps no per-thread state
+ * and takes several microseconds a sample. */
+#define FAST_UNWIND_THREADS 64
+static _Atomic(unsigned) fast_unwind_threads;
+enum { UNWIND_UNDECIDED, UNWIND_FAST, UNWIND_STEP };
+static __thread uint8_t unwind_kind __attribute__((tls_model("initial-exec")));
+
+static int trace_step(void **ip, int cap) {
+  unw_context_t uc;
+  unw_cursor_t cursor;
+  if (unw_getcontext(&uc) != 0 || unw_init_local(&cursor, &uc) != 0) return 0;
+  int n = 0;
+  unw_word_t pc;
+  while (n < cap && unw_get_reg(&cursor, UNW_REG_IP, &pc) == 0 && pc != 0) {
+    ip[n++] = (void *)pc;
+    if (unw_step(&cursor) <= 0) break;
+  }
+  return n;
+}
+
 /* The caller's call sites, innermost first, threadheap's own frames left out: n of them in pc.
  *
  * libunwind's unw_backtrace, whose x86-64 fast path keeps, per thread, the frame layout of every return
@@ -82,7 +104,13 @@ static uintptr_t own_lo, own_hi;        /* threadheap's own code: its frames are
  * and more. A frame the fast path cannot describe falls back to libunwind's full unwinder. */
 static uint32_t trace_here(uintptr_t *pc, uint32_t max) {
   void *ip[PROFILE_DEPTH + 16];
-  int n = unw_backtrace(ip, (int)(sizeof ip / sizeof ip[0]));
+  int cap = (int)(sizeof ip / sizeof ip[0]);
+  if (unwind_kind == UNWIND_UNDECIDED) {
+    bool fast = atomic_fetch_add_explicit(&fast_unwind_threads, 1, memory_order_relaxed) < FAST_UNWIND_THREADS;
+    if (!fast) atomic_fetch_sub_explicit(&fast_unwind_threads, 1, memory_order_relaxed);
+    unwind_kind = fast ? UNWIND_FAST : UNWIND_STEP;
+  }
+  int n = unwind_kind == UNWIND_FAST ? unw_backtrace(ip, cap) : trace_step(ip, cap);
   int i = 0;
   while (i < n && (uintptr_t)ip[i] >= own_lo && (uintptr_t)ip[i] < own_hi) i++; /* still inside threadheap */
   uint32_t k = 0;
@@ -408,7 +436,11 @@ static th_sampler_t *sampler_attach(th_heap_t *heap) {
 
 /* The heap ends (thread exit): its pages keep their lists and counts as they are, and nothing is cut any
  * more; the state waits in sampler_spare for the struct's next thread. */
-void profile_heap_end(th_heap_t *heap) { heap->sampler = NULL; }
+void profile_heap_end(th_heap_t *heap) {
+  heap->sampler = NULL;
+  if (unwind_kind == UNWIND_FAST) atomic_fetch_sub_explicit(&fast_unwind_threads, 1, memory_order_relaxed);
+  unwind_kind = UNWIND_STEP; /* what the exiting thread still allocates takes no fast slot */
+}
 
 /* heap_malloc_slow on a thread heap while profiling: count, sample or serve, then cut the class's page. */
 void *profile_malloc(th_heap_t *heap, size_t size) {
@@ -478,6 +510,7 @@ void profile_init(void) {
 }
 
 void profile_fork_child(void) {
+  atomic_store_explicit(&fast_unwind_threads, unwind_kind == UNWIND_FAST, memory_order_relaxed);
   atomic_store_explicit(&peak_busy, 0, memory_order_relaxed);
   profile_write_fork_child();
 }

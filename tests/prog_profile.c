@@ -13,6 +13,9 @@
  *   signal_own HOW      its own SIGUSR2 handler (HOW: preinit, main) or SIG_IGN (ignore): 3 signals, 64 MiB of churn
  *   dump_threads        4 threads churn rings of checked blocks at site_worker() while main writes DUMP.1 .. DUMP.20
  *   dump_errors on|off  th_profile_dump's failures, in the folder DUMP; "case NAME rc RC errno E"
+ *   many_threads        100 threads at once allocate 16 MiB each at site_many() (more threads than take libunwind's
+ *                       fast path: the others step through their frames); "allocated site_many BYTES", then
+ *                       th_profile_dump(PATH) while they all still live
  *   patterns            the sampler's split of a page's budget meets each way of using a page: site_pairs()
  *                       frees each block at once, site_batch() allocates 200 then frees them, phases alternating;
  *                       "allocated SITE BYTES", then th_profile_dump(PATH) */
@@ -503,6 +506,40 @@ static int dump_errors(const char *dir, bool on) {
   return 0;
 }
 
+__attribute__((noipa)) void *site_many(size_t n) { return fill(n); }
+
+static pthread_barrier_t many_done, many_dumped;
+
+static void *many_thread(void *arg) {
+  size_t *bytes = arg;
+  for (size_t n = 0; n < ((size_t)16 << 20); n += 65536) {
+    unsigned char *p = site_many(65536);
+    if (p[65535] != 0x5a) abort();
+    free(p);
+    *bytes += 65536;
+  }
+  pthread_barrier_wait(&many_done);
+  pthread_barrier_wait(&many_dumped); /* alive while the profile is written */
+  return NULL;
+}
+
+static int many_threads(const char *path) {
+  enum { N = 100 };
+  pthread_t t[N];
+  static size_t bytes[N];
+  pthread_barrier_init(&many_done, NULL, N + 1);
+  pthread_barrier_init(&many_dumped, NULL, N + 1);
+  for (int i = 0; i < N; i++)
+    if (pthread_create(&t[i], NULL, many_thread, &bytes[i]) != 0) return 3;
+  pthread_barrier_wait(&many_done);
+  int rc = th_profile_dump(path) == 0 ? 0 : 4;
+  pthread_barrier_wait(&many_dumped);
+  size_t total = 0;
+  for (int i = 0; i < N; i++) pthread_join(t[i], NULL), total += bytes[i];
+  printf("allocated site_many %zu\n", total);
+  return rc;
+}
+
 __attribute__((noipa)) void *site_pairs(size_t n) { return fill(n); }
 __attribute__((noipa)) void *site_batch(size_t n) { return fill(n); }
 
@@ -577,12 +614,13 @@ int main(int argc, char **argv) {
     return th_profile_dump(path) == 0 ? 0 : 1;
   }
   if (strcmp(mode, "patterns") == 0) return patterns(path);
+  if (strcmp(mode, "many_threads") == 0) return many_threads(path);
   if (strcmp(mode, "interval") == 0) return interval();
   if (strcmp(mode, "signal") == 0) return signal_dump();
   if (strcmp(mode, "signal_own") == 0 && argc > 2) return signal_own(argv[2]);
   if (strcmp(mode, "dump_threads") == 0) return dump_threads(path);
   if (strcmp(mode, "dump_errors") == 0 && argc > 2) return dump_errors(path, strcmp(argv[2], "on") == 0);
-  fprintf(stderr, "usage: prog_profile accuracy [THREADS] | patterns | leak | fork | dlopen LIB | thread_exit | interval |\n"
+  fprintf(stderr, "usage: prog_profile accuracy [THREADS] | patterns | many_threads | leak | fork | dlopen LIB | thread_exit | interval |\n"
                   "       signal | signal_own preinit|main|ignore | dump_threads | dump_errors on|off\n");
   return 2;
 }

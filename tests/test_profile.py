@@ -105,6 +105,22 @@ def patterns(tmp):
               f"patterns: {site} alloc_space {est / 2**20:.1f} MiB against {truth.get(site, 0) / 2**20:.1f} MiB")
 
 
+def many_threads(tmp):
+    """100 threads sample at once: past the 64 that get libunwind's fast path, the others step through their
+    frames; every sample still names the site, and alloc_space is true."""
+    prog = os.path.join(BIN, "prog_profile")
+    dump = os.path.join(tmp, "many.pb.gz")
+    r = run([prog, "many_threads"], {"THREADHEAP_PROFILE": dump + ".exit", "PROFILE_DUMP": dump})
+    check(r.returncode == 0, "many threads: runs" + tail(r.returncode, r.stdout, r.stderr))
+    truth = {site: int(n) for _, site, n in (line.split() for line in r.stdout.splitlines())}
+    alloc = pprof_top(prog, dump, "alloc_space") or {}
+    est, true = alloc.get("site_many", 0), truth.get("site_many", 0)
+    check(true > 0 and close_to(est, true),
+          f"many threads: site_many alloc_space {est / 2**20:.1f} MiB against {true / 2**20:.1f} MiB")
+    others = sum(v for k, v in alloc.items() if k != "site_many")
+    check(others <= 0.01 * est, f"many threads: {others / 2**20:.1f} MiB sampled elsewhere (stacks of both unwinders)")
+
+
 def leaks(tmp):
     # prog_profile_static links the static library: threadheap's frames must be left out there too.
     for prog, leaky, tidy, preload in (("prog_profile", "leaky", "tidy", False),
@@ -362,6 +378,7 @@ def main():
         accuracy(tmp, 0)
         accuracy(tmp, 8)
         patterns(tmp)
+        many_threads(tmp)
         leaks(tmp)
         others(tmp)
         interval(tmp)
