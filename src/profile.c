@@ -325,22 +325,22 @@ struct th_sampler_s {
   size_t busy_class;                /* the class a malloc slow path is serving (cut at its end), or 0 */
 };
 
-/* Allocations served from the page since the sampler last looked: each pop added 1 to used_word and each of
- * the owner's frees added TH_FREE_ADD (2^20 - 1), and there were fewer than 4,096 frees (the F-th carries). */
-static uint32_t pops_since(uint32_t base, uint32_t now) {
+/* Allocations served from the page since the sampler last looked, and (*frees) the owner's frees: each pop
+ * added 1 to used_word and each of the owner's frees added TH_FREE_ADD (2^20 - 1), and there were fewer than
+ * 4,096 frees (the F-th carries). */
+static uint32_t pops_since(uint32_t base, uint32_t now, uint32_t *frees) {
   uint32_t d = now - base + TH_FREE_COUNT_WRAP;
-  uint32_t frees = d >> TH_USED_BITS;
-  int64_t pops = (int64_t)(d & TH_USED_MASK) - TH_FREE_COUNT_WRAP + frees;
+  *frees = d >> TH_USED_BITS;
+  int64_t pops = (int64_t)(d & TH_USED_MASK) - TH_FREE_COUNT_WRAP + *frees;
   return pops < 0 || pops > (1 << 19) ? 0 : (uint32_t)pops; /* slow-path changes between: not counted */
 }
 
 static void settle(th_sampler_t *s, size_t c) {
   th_page_t *page = s->page[c];
   if (page == NULL) return;
-  uint32_t now = page->used_word;
-  uint32_t pops = pops_since(s->base[c], now);
+  uint32_t now = page->used_word, frees;
+  uint32_t pops = pops_since(s->base[c], now, &frees);
   if (pops > 0) {
-    uint32_t frees = (now - s->base[c] + TH_FREE_COUNT_WRAP) >> TH_USED_BITS;
     uint32_t share = frees >= pops ? 256 : frees * 256 / pops;
     s->free_share[c] = (uint16_t)((s->free_share[c] + share + 1) / 2);
   }
