@@ -177,6 +177,7 @@ static void destroy_one(th_heap_t *heap) {
   if (locked) th_lock(&heap->lock);
   heap->magic = 0;
   heap->thread_id = 0;
+  heap->sampler = NULL; /* the pages go now: nothing to cut (the state stays in sampler_spare) */
   for (size_t k = 0; k < TH_KINDS_PAGED; k++) {
     for (th_segment_t *seg = heap->segments[k], *next; seg; seg = next) {
       next = seg->next;

@@ -339,7 +339,7 @@ TH_NOINLINE void *heap_malloc_slow(th_heap_t *heap, size_t size) {
       return NULL;
     }
   }
-  bool sampled = th_unlikely(th_profile_on) && !heap_is_explicit(heap);
+  bool sampled = th_unlikely(th_profile_on) && !(heap->flags & TH_HEAP_SAMPLES);
   if ((++heap->stat.slow_calls & 15) == 0) heap_purge(heap, false);
   if (sampled) return profile_malloc(heap, size);
   return heap_malloc_fill(heap, size);

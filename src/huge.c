@@ -86,7 +86,7 @@ void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
   stats_committed((long)seg->huge_committed);
   stats_count(&th_stats_global.huge_allocs);
   attribution_huge(true, size, seg->is_zero);
-  if (th_unlikely(th_profile_on) && owner == NULL) profile_huge_alloc(seg, size, seg->is_zero);
+  if (th_unlikely(th_profile_on)) profile_huge_alloc(seg, size, seg->is_zero);
   if (owner) {
     atomic_store_explicit(&seg->heap, owner, memory_order_relaxed);
     owner_link(owner, seg);
@@ -193,7 +193,7 @@ void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
   attribution_huge(false, seg->huge_size, false); /* a realloc counts as a free and an allocation */
   attribution_huge(true, size, false);
   profile_huge_free(seg); /* and so does it in a profile */
-  if (th_unlikely(th_profile_on) && owner == NULL) profile_huge_alloc(seg, size, false);
+  if (th_unlikely(th_profile_on)) profile_huge_alloc(seg, size, false);
   seg->huge_size = size;
   stats_committed((long)seg->huge_committed - committed_before);
   if (owner) owner_link(owner, seg);
@@ -219,6 +219,7 @@ void huge_release_all(th_heap_t *owner) {
     th_segment_t *next = seg->next;
     atomic_store_explicit(&seg->huge_live, 0, memory_order_release);
     seg->pages[0].in_use = 0; /* a later free names an invalid pointer, not a double free */
+    profile_huge_free(seg);     /* a sampled block leaves the live set with its heap */
     stats_committed(-(long)seg->huge_committed);
     attribution_huge(false, seg->huge_size, false);
     seg->is_zero = 0;

@@ -12,6 +12,7 @@
  * before the next slow path, and L + F - 1 <= k, the allocation that crosses the sample point (the k+1-th)
  * always reaches the slow path, which samples it. The allocations served in between are counted from the
  * page's own used_word (pops and frees each change it by a known amount). */
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 #define UNW_LOCAL_ONLY
@@ -78,7 +79,13 @@ static uintptr_t own_lo, own_hi;        /* threadheap's own code: its frames are
  * exit): a server of a thousand threads would pay 256 MB for it. So only this many threads at once use it;
  * the others step through their frames with libunwind's ordinary unwinder, which keeps no per-thread state
  * and takes several microseconds a sample. */
+#ifndef __SANITIZE_THREAD__
 #define FAST_UNWIND_THREADS 64
+#else
+/* Under ThreadSanitizer, libunwind's cache destructor, which runs at thread exit after the sanitizer has
+ * let go of the thread, crashes in its mutex interceptor: only the main thread takes the fast path. */
+#define FAST_UNWIND_THREADS 1
+#endif
 static _Atomic(unsigned) fast_unwind_threads;
 enum { UNWIND_UNDECIDED, UNWIND_FAST, UNWIND_STEP };
 static __thread uint8_t unwind_kind __attribute__((tls_model("initial-exec")));
@@ -249,15 +256,18 @@ void profile_fresh(size_t bytes) {
 
 static void huge_record(th_segment_t *seg, size_t size, size_t charged, bool fresh);
 
-static void *sample_block(size_t size, size_t charged) {
-  if (size > TH_LARGE_MAX - SAMPLE_HEADER) {
-    /* No room for the header in a heap page: a huge block, whose segment keeps the sample (huge_alloc's
-     * own hooks stay quiet, in_profiler being set). */
-    void *p = huge_alloc(NULL, size, 16, false);
+static void *sample_block(th_heap_t *heap, size_t size, size_t charged) {
+  /* An explicit heap's sampled block is a huge block of that heap, whose segment keeps the sample: it counts
+   * against the heap's cap and goes with th_heap_destroy, as the heap's other blocks do. Elsewhere, a block
+   * with no room for the header in a heap page. (huge_alloc's own hooks stay quiet, in_profiler being set.) */
+  if (heap_is_explicit(heap) || size > TH_LARGE_MAX - SAMPLE_HEADER) {
+    int saved_errno = errno; /* an explicit heap at its cap: the block is served unsampled instead */
+    void *p = huge_alloc(heap_is_explicit(heap) ? heap : NULL, size, 16, false);
     if (p) {
       th_segment_t *seg = segment_lookup(p);
       huge_record(seg, size, charged, seg->is_zero);
     }
+    errno = saved_errno;
     return p;
   }
   if (sample_heap == NULL) return NULL;
@@ -453,7 +463,7 @@ void *profile_malloc(th_heap_t *heap, size_t size) {
   if (!in_profiler && (charged >= profile.rate || s->left[c] <= (int64_t)charged)) {
     if (charged < profile.rate) s->left[c] = draw_distance(&s->rng);
     in_profiler = 1;
-    p = sample_block(size, charged);
+    p = sample_block(heap, size, charged);
     in_profiler = 0;
   } else {
     s->left[c] -= (int64_t)charged;

@@ -18,7 +18,11 @@
  *                       th_profile_dump(PATH) while they all still live
  *   patterns            the sampler's split of a page's budget meets each way of using a page: site_pairs()
  *                       frees each block at once, site_batch() allocates 200 then frees them, phases alternating;
- *                       "allocated SITE BYTES", then th_profile_dump(PATH) */
+ *                       "allocated SITE BYTES", then th_profile_dump(PATH)
+ *   explicit            explicit heaps (th_heap_create): a serialized heap fed by 4 threads at site_shared(), a
+ *                       no-serialize heap at site_own() (small blocks, aligned blocks and 4 MiB ones), blocks
+ *                       freed one by one at site_heap_freed(), a capped heap destroyed whole at site_destroyed();
+ *                       "truth"/"allocated" lines, then th_profile_dump(PATH) */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -64,8 +68,17 @@ static void keep(list_t *l, void *p) {
   l->p[l->n++] = p;
 }
 
+/* Under ThreadSanitizer the library does not replace malloc: the accuracy run calls it by its own names. */
+#ifdef __SANITIZE_THREAD__
+#define site_malloc th_malloc
+#define site_free th_free
+#else
+#define site_malloc malloc
+#define site_free free
+#endif
+
 static void *fill(size_t n) {
-  unsigned char *p = malloc(n);
+  unsigned char *p = site_malloc(n);
   if (p == NULL) abort();
   memset(p, 0x5a, n < 4096 ? n : 4096);
   p[n - 1] = 0x5a;
@@ -112,7 +125,7 @@ static void *allocate(void *arg) {
       pthread_cond_signal(&queue_cond);
       pthread_mutex_unlock(&queue_lock);
     } else {
-      free(f);
+      site_free(f);
     }
   }
   memcpy(w->bytes, made, sizeof made);
@@ -132,7 +145,7 @@ static void *free_queued(void *arg) {
     while (queue.n > 0) {
       void *p = queue.p[--queue.n];
       pthread_mutex_unlock(&queue_lock);
-      free(p);
+      site_free(p);
       pthread_mutex_lock(&queue_lock);
     }
     if (producers_left == 0) break;
@@ -140,6 +153,103 @@ static void *free_queued(void *arg) {
   }
   pthread_mutex_unlock(&queue_lock);
   return NULL;
+}
+
+/* ---- explicit heaps */
+
+static void *heap_fill(th_heap_t *heap, size_t n, size_t align) {
+  unsigned char *p = align ? th_heap_aligned_alloc(heap, align, n) : th_heap_malloc(heap, n);
+  if (p == NULL || (align && (uintptr_t)p % align != 0)) abort();
+  memset(p, 0x6b, n < 4096 ? n : 4096);
+  p[n - 1] = 0x6b;
+  return p;
+}
+
+static bool heap_intact(const void *block, size_t n) {
+  const unsigned char *p = block;
+  return p[0] == 0x6b && p[(n < 4096 ? n : 4096) - 1] == 0x6b && p[n - 1] == 0x6b;
+}
+
+__attribute__((noipa)) void *site_shared(th_heap_t *h, size_t n) { return heap_fill(h, n, 0); }
+__attribute__((noipa)) void *site_own(th_heap_t *h, size_t n, size_t align) { return heap_fill(h, n, align); }
+__attribute__((noipa)) void *site_heap_freed(th_heap_t *h, size_t n) { return heap_fill(h, n, 0); }
+__attribute__((noipa)) void *site_destroyed(th_heap_t *h, size_t n) { return heap_fill(h, n, 0); }
+
+typedef struct shared_worker_s {
+  th_heap_t *heap;
+  uint64_t rng;
+  list_t held;
+  size_t kept, freed;
+} shared_worker_t;
+
+/* 16 MiB kept at site_shared, and as much allocated at site_heap_freed and freed at once, into one serialized
+ * heap from each of 4 threads. */
+static void *shared_worker(void *arg) {
+  shared_worker_t *w = arg;
+  while (w->kept < ((size_t)16 << 20)) {
+    size_t n = random_size(&w->rng) / 16 + 16;
+    keep(&w->held, site_shared(w->heap, n));
+    w->kept += n;
+    n = random_size(&w->rng) / 16 + 16;
+    void *f = site_heap_freed(w->heap, n);
+    if (!heap_intact(f, n)) abort();
+    th_free(f);
+    w->freed += n;
+  }
+  return NULL;
+}
+
+static int explicit_heaps(const char *path) {
+  th_heap_t *shared = th_heap_create(0, 0, 0);
+  th_heap_t *own = th_heap_create(TH_HEAP_NO_SERIALIZE, 0, 0);
+  th_heap_t *capped = th_heap_create(0, 0, (size_t)64 << 20);
+  if (shared == NULL || own == NULL || capped == NULL) return 2;
+  shared_worker_t w[4];
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++) {
+    w[i] = (shared_worker_t){.heap = shared, .rng = 0xD1B54A32D192ED03ull * (uint64_t)(i + 1)};
+    pthread_create(&t[i], NULL, shared_worker, &w[i]);
+  }
+  /* Meanwhile, in the no-serialize heap: 12 MiB of small and aligned blocks, 4 blocks of 4 MiB. */
+  list_t own_held = {0};
+  size_t own_bytes = 0, destroyed_bytes = 0;
+  uint64_t rng = 0x2545F4914F6CDD1Dull;
+  while (own_bytes < ((size_t)12 << 20)) {
+    size_t n = random_size(&rng) / 16 + 16;
+    keep(&own_held, site_own(own, n, own_held.n % 3 == 0 ? 64 : 0));
+    own_bytes += n;
+  }
+  for (int i = 0; i < 4; i++, own_bytes += (size_t)4 << 20) keep(&own_held, site_own(own, (size_t)4 << 20, 0));
+  /* 32 MiB in the capped heap, then the heap destroyed with all of them. */
+  while (destroyed_bytes < ((size_t)32 << 20)) {
+    size_t n = random_size(&rng) / 16 + 16;
+    site_destroyed(capped, n);
+    destroyed_bytes += n;
+  }
+  th_heap_destroy(capped);
+  size_t shared_kept = 0, freed = 0;
+  for (int i = 0; i < 4; i++) {
+    pthread_join(t[i], NULL);
+    shared_kept += w[i].kept, freed += w[i].freed;
+  }
+  printf("truth site_shared %zu\ntruth site_own %zu\nallocated site_heap_freed %zu\nallocated site_destroyed %zu\n",
+         shared_kept, own_bytes, freed, destroyed_bytes);
+  /* Contents intact: the kept blocks, sampled or not, still hold their pattern. */
+  for (int i = 0; i < 4; i++) {
+    size_t k = 0;
+    uint64_t r = 0xD1B54A32D192ED03ull * (uint64_t)(i + 1);
+    for (size_t kept = 0; kept < w[i].kept; k++) {
+      size_t n = random_size(&r) / 16 + 16;
+      if (!heap_intact(w[i].held.p[k], n)) return 3;
+      kept += n;
+      (void)random_size(&r); /* the freed block's size */
+    }
+  }
+  if (th_profile_dump(path) != 0) {
+    perror("th_profile_dump");
+    return 1;
+  }
+  return 0;
 }
 
 static int accuracy(const char *path, int threads) {
@@ -180,7 +290,7 @@ __attribute__((noipa)) void leaky(list_t *l) {
   for (size_t i = 0; i < 384; i++) keep(l, fill((size_t)64 << 10));
 }
 __attribute__((noipa)) void tidy(void) {
-  for (size_t i = 0; i < 1024; i++) free(fill((size_t)64 << 10));
+  for (size_t i = 0; i < 1024; i++) site_free(fill((size_t)64 << 10));
 }
 
 __attribute__((noipa)) void *child_site(size_t n) { return fill(n); }
@@ -243,7 +353,7 @@ static size_t churn(growing_t *g, unsigned n, size_t limit, double timeout_s) {
   while (g->next <= n && (limit == 0 || churned < limit) && now_s() < end) {
     for (int i = 0; i < 64; i++) {
       size_t m = 1024 + (size_t)(rng_next(&g->rng) % 7168);
-      free(site_churn(m));
+      site_free(site_churn(m));
       churned += m;
     }
     look(g);
@@ -515,7 +625,7 @@ static void *many_thread(void *arg) {
   for (size_t n = 0; n < ((size_t)16 << 20); n += 65536) {
     unsigned char *p = site_many(65536);
     if (p[65535] != 0x5a) abort();
-    free(p);
+    site_free(p);
     *bytes += 65536;
   }
   pthread_barrier_wait(&many_done);
@@ -555,7 +665,7 @@ static int patterns(const char *path) {
       for (int i = 0; i < rounds * 200; i++) {
         void *p = site_pairs(n);
         if (((unsigned char *)p)[n - 1] != 0x5a) return 3;
-        free(p);
+        site_free(p);
         pairs += n;
       }
     } else {
@@ -563,7 +673,7 @@ static int patterns(const char *path) {
         for (int i = 0; i < 200; i++) held[i] = site_batch(n), batch += n;
         for (int i = 0; i < 200; i++) {
           if (((unsigned char *)held[i])[n - 1] != 0x5a) return 3;
-          free(held[i]);
+          site_free(held[i]);
         }
       }
     }
@@ -614,6 +724,7 @@ int main(int argc, char **argv) {
     return th_profile_dump(path) == 0 ? 0 : 1;
   }
   if (strcmp(mode, "patterns") == 0) return patterns(path);
+  if (strcmp(mode, "explicit") == 0) return explicit_heaps(path);
   if (strcmp(mode, "many_threads") == 0) return many_threads(path);
   if (strcmp(mode, "interval") == 0) return interval();
   if (strcmp(mode, "signal") == 0) return signal_dump();

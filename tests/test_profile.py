@@ -121,6 +121,30 @@ def many_threads(tmp):
     check(others <= 0.01 * est, f"many threads: {others / 2**20:.1f} MiB sampled elsewhere (stacks of both unwinders)")
 
 
+def explicit_heaps(tmp):
+    """Blocks of explicit heaps are sampled: a serialized heap fed by 4 threads, a no-serialize heap (small,
+    aligned and 4 MiB blocks), blocks freed one by one, and a capped heap destroyed whole, whose blocks leave
+    the live set with it."""
+    prog = os.path.join(BIN, "prog_profile")
+    dump = os.path.join(tmp, "explicit.pb.gz")
+    r = run([prog, "explicit"], {"THREADHEAP_PROFILE": dump + ".exit", "PROFILE_DUMP": dump})
+    check(r.returncode == 0, "explicit heaps: runs, blocks intact" + tail(r.returncode, r.stdout, r.stderr))
+    truth = {(kind, site): int(n) for kind, site, n in (line.split() for line in r.stdout.splitlines())}
+    inuse = pprof_top(prog, dump, "inuse_space") or {}
+    alloc = pprof_top(prog, dump, "alloc_space") or {}
+    fresh = pprof_top(prog, dump, "fresh_space") or {}
+    for site in ("site_shared", "site_own"):
+        est, true = inuse.get(site, 0), truth.get(("truth", site), 0)
+        check(true > 0 and close_to(est, true),
+              f"explicit heaps: {site} inuse_space {est / 2**20:.1f} MiB against {true / 2**20:.1f} MiB")
+    for site in ("site_heap_freed", "site_destroyed"):
+        est, true = alloc.get(site, 0), truth.get(("allocated", site), 0)
+        check(true > 0 and close_to(est, true),
+              f"explicit heaps: {site} alloc_space {est / 2**20:.1f} MiB against {true / 2**20:.1f} MiB")
+        check(inuse.get(site, 0) == 0, f"explicit heaps: {site} absent from inuse_space ({inuse.get(site, 0)} B)")
+    check(fresh.get("site_destroyed", 0) > 8 << 20, "explicit heaps: fresh_space names the first heap's site")
+
+
 def leaks(tmp):
     # prog_profile_static links the static library: threadheap's frames must be left out there too.
     for prog, leaky, tidy, preload in (("prog_profile", "leaky", "tidy", False),
@@ -379,6 +403,7 @@ def main():
         accuracy(tmp, 8)
         patterns(tmp)
         many_threads(tmp)
+        explicit_heaps(tmp)
         leaks(tmp)
         others(tmp)
         interval(tmp)
