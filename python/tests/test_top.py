@@ -833,8 +833,10 @@ def test_real_permissions_of_another_users_process():
 
 def test_json_stream_stops_cleanly_on_ctrl_c_and_broken_pipe():
     with started(["sleep", "30"]) as target:
+        # Ctrl-C as a terminal sends it: a shell's background job would otherwise pass SIGINT on ignored.
         proc = subprocess.Popen(top_cmd("--json", "--interval", "0.1", target.pid), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=top_env())
+                                stderr=subprocess.PIPE, text=True, env=top_env(),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             assert json.loads(proc.stdout.readline())["pid"] == target.pid
             proc.send_signal(signal.SIGINT)
