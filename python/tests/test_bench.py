@@ -1,6 +1,7 @@
 """Tests of the `threadheap bench` driver: parsing (NAME=PATH allocators too), planning, the environment of a
-run, aggregation, the run's summary, compare, outputs, the README tables, runs over fake workloads (the
-explicit-heaps binary and threadheap+profile included), and one end-to-end run of the real ones.
+run, aggregation, the run's summary, compare, outputs, the README tables, the published docs (docs/results.md
+and its charts, from a fake results.json), runs over fake workloads (the explicit-heaps binary and
+threadheap+profile included), and one end-to-end run of the real ones.
 
 The end-to-end test needs the built workloads and library (TH_BUILD_DIR, default build/); outside CI it is
 skipped when they are missing, in CI (CI set) it fails instead, so a broken build cannot pass unseen.
@@ -17,7 +18,7 @@ import pytest
 
 from threadheap import bench
 from threadheap import bench_results as results
-from threadheap import bench_summary
+from threadheap import bench_docs, bench_summary
 from threadheap.bench_experiments import EXPERIMENTS, BenchError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -591,7 +592,8 @@ def test_readme_markdown_headline_tables(tmp_path):
     assert tables[sp] == [["1", "1.00 ×1.00"], ["2", "1.90 ×1.00"]]
     lg = next(t for t in tables if t.startswith("large:"))
     assert tables[lg][0][:2] == ["threadheap", "0.500 ×1.00"] and tables[lg][1][0] == "reused buffer (threadheap)"
-    assert "![contention](docs/bench/contention.png)" in md and f"cp {tmp_path}/contention.png docs/bench/" in md
+    assert "![contention](docs/bench/contention.png)" in md
+    assert f"--docs-from {tmp_path} writes them to docs/bench/" in md
     assert "threads.png" not in md  # no such chart in the folder
 
 
@@ -608,6 +610,144 @@ def test_readme_cli(tmp_path, capsys):
     assert "| bytes | threadheap | th:private | glibc |" in capsys.readouterr().out
     assert bench.main(["--readme", str(tmp_path / "nothing")]) == 2
     assert capsys.readouterr().err.startswith("threadheap bench: cannot read")
+
+
+# ------------------------------------------------------------------------------------------------ docs
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def docs_run(tmp_path, experiments=("contention", "xthread", "random"), name="run"):
+    """A finished run's folder: results.json of summary_rows() (threadheap+profile among them) and the
+    contention chart only, so that the docs copy one chart and draw the others."""
+    rows = [r for r in summary_rows() if r["experiment"] in experiments]
+    result = result_of(rows, experiments)
+    result["summary"] = results.run_summary(result["cells"])
+    result["meta"]["machine"]["libraries"]["threadheap+profile"] = "/x/libthreadheap.so"
+    run = tmp_path / name
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(result))
+    if "contention" in experiments:
+        (run / "contention.png").write_bytes(PNG + b"the run's own chart")
+    docs = tmp_path / "docs"
+    docs.mkdir(exist_ok=True)
+    return run, docs, result
+
+
+def image_links(md):
+    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+
+
+def docs_files(docs):
+    return {str(p.relative_to(docs)): p.read_bytes() for p in sorted(docs.rglob("*")) if p.is_file()}
+
+
+def test_docs_from_writes_results_md_and_charts(tmp_path, capsys):
+    run, docs, result = docs_run(tmp_path)
+    assert bench.main(["--docs-from", str(run), "--docs-dir", str(docs)]) == 0
+    assert capsys.readouterr().out == f"docs: {docs}/results.md and 3 charts in {docs}/bench/\n"
+    md = (docs / "results.md").read_text()
+    # The header: the command, the date, the machine, what the run was.
+    assert md.startswith("<!-- Written by threadheap bench from ") and "\n# threadheap benchmark results\n" in md
+    assert "Command: `make bench` (2026-01-01T00:00:00" in md
+    assert "Test CPU 3000, 2 cores, 4.0 GiB, Linux 6.1.0, glibc 2.36" in md
+    assert "The run: 3 experiments (contention, xthread, random); " in md
+    # A section per experiment, with its chart and its tables as report.md has them.
+    for e in ("contention", "xthread", "random"):
+        title = EXPERIMENTS[e].title
+        assert f"\n## {title}\n" in md and f"(#{bench_docs.slug(title)})" in md
+        assert f"![{e}](bench/{e}.png)" in md
+    assert sorted(image_links(md)) == ["bench/contention.png", "bench/random.png", "bench/xthread.png"]
+    for link in image_links(md):
+        assert (docs / link).read_bytes().startswith(PNG)
+    assert (docs / "bench" / "contention.png").read_bytes() == PNG + b"the run's own chart"  # copied, not drawn
+    tables = report_tables(md)
+    report = results.report_markdown(result, {})
+    assert tables == report_tables(report)
+    # The summary against threadheap, its threadheap+profile row and the cost of profiling.
+    title = bench_summary.summary_table(result["summary"], "threadheap")[0]
+    assert tables[title][0][:2] == ["threadheap+profile", "1.030 [1.020–1.040]"]
+    assert bench_summary.profile_line(result["summary"], "threadheap") in md
+    assert sorted(p.name for p in (docs / "bench").iterdir()) == ["contention.png", "random.png", "xthread.png"]
+
+
+def test_docs_rewrite_is_idempotent_and_drops_only_its_own_stale_charts(tmp_path, capsys):
+    run, docs, _ = docs_run(tmp_path)
+    (docs / "bench").mkdir()
+    (docs / "bench" / "touch.png").write_bytes(PNG + b"by hand")  # an experiment's name, not the driver's file
+    (docs / "bench" / "other.png").write_bytes(PNG)
+    (docs / "design.md").write_text("# design\n")
+    assert bench.main(["--docs-from", str(run / "results.json"), "--docs-dir", str(docs)]) == 0
+    first = docs_files(docs)
+    assert bench.main(["--docs-from", str(run), "--docs-dir", str(docs)]) == 0
+    assert docs_files(docs) == first
+    # A later run without xthread and random: their charts go, the files the driver did not write stay.
+    run2, _, _ = docs_run(tmp_path, ("contention",), name="run2")
+    capsys.readouterr()
+    assert bench.main(["--docs-from", str(run2), "--docs-dir", str(docs)]) == 0
+    assert capsys.readouterr().out.endswith(" (deleted, no longer in the run: xthread.png, random.png)\n")
+    assert sorted(p.name for p in (docs / "bench").iterdir()) == ["contention.png", "other.png", "touch.png"]
+    md = (docs / "results.md").read_text()
+    assert image_links(md) == ["bench/contention.png"] and "## Producer/consumer" not in md
+    assert (docs / "design.md").read_text() == "# design\n"
+
+
+def test_docs_after_a_run(tmp_path, monkeypatch, capsys):
+    argv = [a for a in fake_profiled_run(tmp_path, monkeypatch) if a != "--smoke"]
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    assert bench.main(argv + ["--docs", "--docs-dir", str(docs)]) == 0
+    err = capsys.readouterr().err
+    assert f"docs: {docs}/results.md and 1 chart in {docs}/bench/" in err
+    md = (docs / "results.md").read_text()
+    assert image_links(md) == ["bench/contention.png"]
+    assert (docs / "bench" / "contention.png").read_bytes() == (tmp_path / "out" / "contention.png").read_bytes()
+    assert "| threadheap+profile | 1.100 [1.100–1.100] | 2 |" in md
+    assert "Command: `threadheap bench contention --allocators " in md
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--docs-from", "{tmp}/nothing"], "{tmp}/nothing: no such run folder"),
+    (["--docs-from", "{tmp}/empty"], "{tmp}/empty has no results.json (not a folder written by threadheap bench)"),
+    (["--docs-from", "{tmp}/empty/notes.txt"], "{tmp}/empty/notes.txt is not a results.json"),
+    (["--docs-from", "{tmp}/run", "--docs-dir", "{tmp}/nodocs"], "{tmp}/nodocs: no such docs folder"),
+    (["--docs-from", "{tmp}/run", "contention"], "--docs-from writes the docs of a finished run; experiment "
+                                                 "'contention' is for a new run"),
+    (["--docs-from", "{tmp}/run", "--reps", "2"], "--docs-from writes the docs of a finished run; --reps is for "
+                                                  "a new run"),
+    (["--docs-from", "{tmp}/run", "--readme", "{tmp}/run"], "--readme and --docs-from exclude each other"),
+    (["--docs-from", "{tmp}/run", "--docs"], "--docs (run, then write the docs) and --docs-from exclude each other"),
+    (["--docs", "--smoke"], "--docs publishes a run's results, and a --smoke run's numbers are not results"),
+    (["--docs-dir", "{tmp}/docs"], "--docs-dir goes with --docs or --docs-from"),
+])
+def test_docs_mistakes_are_one_line_errors(argv, message, tmp_path, capsys):
+    docs_run(tmp_path)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not json")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"threadheap bench: {message.replace('{tmp}', str(tmp_path))}\n"
+
+
+def test_docs_leave_a_hand_written_results_md_alone(tmp_path, capsys, monkeypatch):
+    run, docs, result = docs_run(tmp_path)
+    (docs / "results.md").write_text("# Results, by hand\n")
+    for argv in (["--docs-from", str(run), "--docs-dir", str(docs)], ["contention", "--docs", "--docs-dir", str(docs)]):
+        assert bench.main(argv) == 2  # --docs: refused before the run starts
+        assert capsys.readouterr().err == (f"threadheap bench: {docs}/results.md was not written by threadheap "
+                                           "bench (its first line is not the driver's comment); move it away first\n")
+    assert (docs / "results.md").read_text() == "# Results, by hand\n" and not (docs / "bench").exists()
+    # A smoke run's folder, or an experiment this driver does not know, is refused too.
+    for change, message in [(lambda r: r["meta"]["config"].update(smoke=True), "is a --smoke run"),
+                            (lambda r: r["meta"]["config"]["experiments"].append("nosuch"),
+                             "experiment 'nosuch' is not one of threadheap bench's")]:
+        bad = json.loads(json.dumps(result))
+        change(bad)
+        (run / "results.json").write_text(json.dumps(bad))
+        assert bench.main(["--docs-from", str(run), "--docs-dir", str(docs)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("threadheap bench: ") and message in err and err.count("\n") == 1
 
 
 # ------------------------------------------------------------------------------------------------ bad input

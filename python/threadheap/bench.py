@@ -18,7 +18,8 @@ that links libthreadheap (Experiment.linked), run once per repetition when it ha
 Outputs, in one folder: results.json (raw rows and aggregated cells), results.csv, one PNG chart per
 experiment and report.md, which records the machine and embeds the charts and tables (bench_results.py).
 `--compare A.json B.json` prints the per-cell ratio of two runs; `--readme DIR` prints the headline tables
-of a run as markdown for the README.
+of a run as markdown for the README. The published results, docs/results.md and its charts in docs/bench/
+(bench_docs.py), are written by `--docs` after a run, or by `--docs-from DIR` from a finished one.
 
 rich and matplotlib are imported inside the functions that use them, so the rest of the package (and the
 parts of this module the tests call) work with the standard library alone.
@@ -37,6 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .bench_docs import CHART_DIR, check_docs_dir, default_docs_dir, find_run, write_docs
 from .bench_experiments import (ALLOCATORS, BASELINE, EXPERIMENTS, LINKED_PREFIX, OS_PREFIX, PACKAGES,
                                 PEER_SONAMES, PROFILED, BenchError)
 from .bench_results import (aggregate, baseline_of, compare, load_result, machine_info, print_compare,
@@ -147,7 +149,7 @@ def build_parser():
     p.add_argument("--sizes", help="block sizes, e.g. 16,1k,64k for contention, threads and pairs; large takes "
                    "the values from 1m up (e.g. 8m,32m), or plain MiB counts when it runs alone; random, "
                    "when no other experiment takes sizes, runs once per value as its largest block size")
-    p.add_argument("--reps", default="3", help="repetitions (default 3); each cell reports median, min-max")
+    p.add_argument("--reps", help="repetitions (default 3); each cell reports median, min-max")
     p.add_argument("--full", action="store_true", help="the seeds' full run lengths (much longer)")
     p.add_argument("--smoke", action="store_true", help="tiny runs, to check that everything works")
     p.add_argument("--out", help="output folder (default bench-results/<timestamp>)")
@@ -158,6 +160,14 @@ def build_parser():
     p.add_argument("--readme", metavar="DIR",
                    help="print the headline tables of a finished run (its folder or results.json) as markdown "
                         "for the README, with the command and the machine")
+    p.add_argument("--docs", action="store_true",
+                   help="after the run, write the published results: docs/results.md (every table, the summary, "
+                        "the machine) and the charts in docs/bench/")
+    p.add_argument("--docs-from", metavar="DIR",
+                   help="write docs/results.md and docs/bench/ from a finished run (its folder or results.json), "
+                        "running nothing")
+    p.add_argument("--docs-dir", metavar="DIR",
+                   help="the docs folder for --docs and --docs-from (default: the source tree's docs/)")
     return p
 
 
@@ -185,7 +195,7 @@ def make_config(args):
     threads = parse_int_list(args.threads, "threads") if args.threads is not None else None
     sizes = parse_int_list(args.sizes, "sizes") if args.sizes is not None else None
     try:
-        reps = int(args.reps)
+        reps = int(args.reps if args.reps is not None else 3)
     except ValueError:
         raise BenchError(f"malformed --reps '{args.reps}'") from None
     if reps < 1:
@@ -473,8 +483,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     args.argv = argv
     try:
-        if args.compare and args.readme:
-            raise BenchError("--compare and --readme exclude each other")
+        check_modes(args)
         if args.compare:
             from rich.console import Console
 
@@ -489,6 +498,11 @@ def main(argv=None):
             result = load_result(path / "results.json" if path.is_dir() else path)
             sys.stdout.write(readme_markdown(result, path if path.is_dir() else path.parent))
             return 0
+        if args.docs_from:
+            folder, result = find_run(args.docs_from)
+            md, charts, stale = write_docs(folder, result, docs_folder(args))
+            sys.stdout.write(docs_written(md, charts, stale) + "\n")
+            return 0
         return run_bench(args)
     except BenchError as e:
         sys.stderr.write(f"{PROG}: {e}\n")
@@ -498,10 +512,48 @@ def main(argv=None):
         return 130
 
 
+# The options of a run, which --docs-from (a finished run) does not take.
+RUN_OPTIONS = ("allocators", "threads", "sizes", "reps", "full", "smoke", "out", "lib", "bin_dir")
+
+
+def check_modes(args):
+    """--compare, --readme and --docs-from read finished runs and exclude each other; --docs goes with a
+    run, and not a --smoke one, whose numbers are not results."""
+    modes = [o for o, v in (("--compare", args.compare), ("--readme", args.readme), ("--docs-from", args.docs_from))
+             if v]
+    if len(modes) > 1:
+        raise BenchError(f"{modes[0]} and {modes[1]} exclude each other")
+    if args.docs and modes:
+        raise BenchError(f"--docs (run, then write the docs) and {modes[0]} exclude each other")
+    if args.docs_from:
+        given = [o for o in RUN_OPTIONS if getattr(args, o) not in (None, False)]
+        if args.experiments or given:
+            what = f"--{given[0].replace('_', '-')}" if given else f"experiment '{args.experiments[0]}'"
+            raise BenchError(f"--docs-from writes the docs of a finished run; {what} is for a new run")
+    if args.docs and args.smoke:
+        raise BenchError("--docs publishes a run's results, and a --smoke run's numbers are not results")
+    if args.docs_dir and not (args.docs or args.docs_from):
+        raise BenchError("--docs-dir goes with --docs or --docs-from")
+
+
+def docs_folder(args):
+    return Path(args.docs_dir) if args.docs_dir else default_docs_dir()
+
+
+def docs_written(md, charts, stale):
+    text = f"docs: {md} and {len(charts)} chart{'s' if len(charts) != 1 else ''} in {md.parent / CHART_DIR}/"
+    return text + (f" (deleted, no longer in the run: {', '.join(stale)})" if stale else "")
+
+
 def run_bench(args):
     from rich.console import Console
 
     cfg = make_config(args)
+    docs = None
+    if args.docs:
+        # Checked before the run, not after minutes of it.
+        docs = docs_folder(args)
+        check_docs_dir(docs)
     # Tables are wide (median, range and ratio per allocator); when stdout is a file or pipe rich would
     # squeeze them into 80 columns, so give it room.
     console = Console() if sys.stdout.isatty() else Console(width=1000)
@@ -538,6 +590,8 @@ def run_bench(args):
     print_summary(result, console)
     write_outputs(cfg.out, result)
     err.print(f"results: {cfg.out}/ (results.json, results.csv, report.md, charts)", markup=False, highlight=False)
+    if docs is not None:
+        err.print(docs_written(*write_docs(cfg.out, result, docs)), markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

@@ -501,12 +501,18 @@ def legend(result):
     return text
 
 
-def write_report(path, result, charts):
+def report_markdown(result, charts, title="threadheap benchmark report", intro=()):
+    """The full report of a run as markdown: title, intro paragraphs, the run's line, summary, machine,
+    allocators, then each experiment's description, chart and tables. charts: experiment -> the chart's link
+    (a path relative to where the markdown is written). report.md and docs/results.md (bench_docs.py)."""
     meta, cells = result["meta"], result["cells"]
     m = meta["machine"]
     libs = m.get("libraries", {})
     summary = summary_markdown(result)
-    lines = ["# threadheap benchmark report", "", machine_line(meta), ""]
+    lines = [f"# {title}", ""]
+    for paragraph in intro:
+        lines += [paragraph, ""]
+    lines += [machine_line(meta), ""]
     if summary:
         lines += ["## Summary", ""] + summary
     lines += ["## Machine", "",
@@ -529,9 +535,13 @@ def write_report(path, result, charts):
         if name in charts:
             lines += [f"![{name}]({charts[name]})", ""]
         for metric in exp.table_metrics:
-            for title, header, rows in tables_for(exp, cells, metric):
-                lines += [f"**{title}**", "", markdown_table(header, rows), ""]
-    path.write_text("\n".join(lines) + "\n")
+            for table_title, header, rows in tables_for(exp, cells, metric):
+                lines += [f"**{table_title}**", "", markdown_table(header, rows), ""]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(path, result, charts):
+    path.write_text(report_markdown(result, charts))
 
 
 def write_outputs(out, result):
@@ -714,14 +724,14 @@ def readme_tables(result):
 
 
 def readme_markdown(result, folder=None):
-    """Markdown for the README: the run's command and machine, the headline tables and the charts to copy
-    to docs/bench/."""
+    """Markdown for the README: the run's command and machine, the headline tables and links to the charts
+    that `threadheap bench --docs-from` puts in docs/bench/."""
     meta = result.get("meta", {})
     charts = [c for c in README_CHARTS if folder is not None and (Path(folder) / f"{c}.png").exists()]
     lines = []
     if charts:
-        src = " ".join(str(Path(folder) / f"{c}.png") for c in charts)
-        lines += [f"<!-- charts: mkdir -p docs/bench && cp {src} docs/bench/ -->", ""]
+        lines += [f"<!-- charts: threadheap bench --docs-from {folder} writes them to docs/bench/, with "
+                  "docs/results.md -->", ""]
     lines += [machine_line(meta), "",
               f"Each cell: the median over the repetitions, ×ratio to {result.get('baseline', 'threadheap')}. "
               "th:* are threadheap's explicit heaps (a program linked with it), os:* the OS baselines. The full "
