@@ -1,9 +1,11 @@
 # The three commands of the contract: `make`, `make test`, `make bench`. CMake and Ninja do the work.
+# On a fresh Debian 12 machine `make test`, `make bench` and `make deb` set themselves up: scripts/setup.sh
+# installs (as root) or names what is missing, before CMake runs.
 BUILD ?= build
 CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc)
 
-.PHONY: all test test-stress test-soak tsan asan bench clean
+.PHONY: all test test-stress test-soak tsan asan bench deb clean
 
 all: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -14,7 +16,9 @@ $(BUILD)/build.ninja:
 # Every test except the long stress runs (label "stress", `make test-stress`), the soak (`make test-soak`)
 # and the minute of fuzzing (label "fuzzlong", which .ci/run runs).
 # The benchmark driver's tests need matplotlib, rich and pytest: bench/venv.sh makes the project's .venv once.
-test: all
+test:
+	bash scripts/setup.sh
+	$(MAKE) all
 	bash bench/venv.sh
 	ctest --test-dir $(BUILD) --output-on-failure -j 2 -LE 'stress|soak|fuzzlong'
 
@@ -38,12 +42,21 @@ asan:
 	cmake --build build-asan -j $(JOBS)
 	ctest --test-dir build-asan --output-on-failure -L asan
 
-# On a fresh machine `make bench` does its own set-up: build tools (bench/prereq.sh), then the build, then
-# the venv and the peer allocators (bench/run.sh), then the default run.
+# `make bench`: the packages (scripts/setup.sh), the build, then bench/run.sh: the venv and the default run.
 bench:
-	bash bench/prereq.sh
+	bash scripts/setup.sh
 	$(MAKE) all
 	bash bench/run.sh
+
+# The Debian package, $(BUILD)/threadheap_<version>_amd64.deb (cmake/package.cmake), from a Release build of
+# its own in $(BUILD)/deb: prefix /usr, the command on Debian's python3, no tests. tests/test_deb.sh installs
+# and checks it.
+deb:
+	bash scripts/setup.sh
+	cmake -S . -B $(BUILD)/deb -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
+	  -DTH_INSTALL_PYTHON=/usr/bin/python3 -DBUILD_TESTING=OFF $(CMAKE_FLAGS)
+	cmake --build $(BUILD)/deb -j $(JOBS)
+	cd $(BUILD)/deb && cpack -G DEB -B "$(abspath $(BUILD))"
 
 clean:
 	rm -rf $(BUILD) build-tsan build-asan

@@ -1,8 +1,8 @@
 # What `cmake --install` puts in place: the shared and static library, the public headers, a pkg-config file,
-# a CMake package (find_package(threadheap) -> threadheap::threadheap) and the `threadheap` command, which
+# a CMake package (find_package(threadheap) -> threadheap::threadheap), the `threadheap` command, which
 # is the Python package under share/threadheap/python plus a launcher in bin/ that finds the installed
-# library. Every generated path is relative to the file that holds it, so `--prefix` at install time and a
-# moved tree both work.
+# library, and its manual page. Every generated path is relative to the file that holds it, so `--prefix` at
+# install time and a moved tree both work.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -39,6 +39,18 @@ install(FILES proto/profile.proto DESTINATION ${CMAKE_INSTALL_DATADIR}/threadhea
 if(TARGET touch)
   install(TARGETS touch RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/threadheap)
 endif()
+# The Python the installed command runs: python3 from PATH, or a fixed one (`make deb`: Debian's
+# /usr/bin/python3, the one that sees the python3-* packages the .deb recommends).
+set(TH_INSTALL_PYTHON python3 CACHE STRING "the Python that the installed threadheap command runs")
 configure_file(cmake/threadheap-launcher.in ${CMAKE_BINARY_DIR}/threadheap-launcher @ONLY)
 install(PROGRAMS ${CMAKE_BINARY_DIR}/threadheap-launcher DESTINATION ${CMAKE_INSTALL_BINDIR}
   RENAME threadheap)
+
+# `man threadheap`: the page gets the version from here, and is installed gzipped, as Debian's policy has it.
+configure_file(man/threadheap.1.in ${CMAKE_BINARY_DIR}/threadheap.1 @ONLY)
+find_program(TH_GZIP gzip REQUIRED)
+add_custom_command(OUTPUT ${CMAKE_BINARY_DIR}/threadheap.1.gz
+  COMMAND ${TH_GZIP} -9 -n -k -f ${CMAKE_BINARY_DIR}/threadheap.1
+  DEPENDS ${CMAKE_BINARY_DIR}/threadheap.1 VERBATIM)
+add_custom_target(man ALL DEPENDS ${CMAKE_BINARY_DIR}/threadheap.1.gz)
+install(FILES ${CMAKE_BINARY_DIR}/threadheap.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)

@@ -25,8 +25,13 @@ extern "C" {
 #define TH_MALLOC_ATTR
 #endif
 
+/* threadheap's version, in one place: CMake's project(VERSION) reads these three lines (in this order), and
+ * from it come the library's file name, threadheap.pc, the CMake package and the .deb. th_version() returns
+ * the same as text, "MAJOR.MINOR.PATCH", which `threadheap --version` prints. */
 #define TH_VERSION_MAJOR 0
 #define TH_VERSION_MINOR 1
+#define TH_VERSION_PATCH 0
+TH_API const char *th_version(void);
 
 /* The malloc family. */
 TH_API TH_MALLOC_ATTR void *th_malloc(size_t size);

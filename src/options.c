@@ -1,4 +1,4 @@
-/* options.c: the THREADHEAP_* environment options, in one table, read once by options_init. */
+/* options.c: the THREADHEAP_* environment options, in one table, read once by options_init; and th_version. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -114,6 +114,14 @@ void options_verbose(const char *fmt, ...) {
   errno = saved;
 }
 
+/* The header's three numbers as text, made by the preprocessor: no copy of the version to keep in step. */
+#define TH_TEXT(x) #x
+#define TH_VERSION_TEXT(major, minor, patch) TH_TEXT(major) "." TH_TEXT(minor) "." TH_TEXT(patch)
+
+const char *th_version(void) {
+  return TH_VERSION_TEXT(TH_VERSION_MAJOR, TH_VERSION_MINOR, TH_VERSION_PATCH);
+}
+
 /* THREADHEAP_VERBOSE: the version, the process and every option's value in effect, on one line. */
 static void print_options(void) {
   if (!th_options.verbose) return;
@@ -126,8 +134,7 @@ static void print_options(void) {
                      : snprintf(line + n, sizeof line - n, " %s=%s", name, *o->text ? *o->text : "-");
     if (w > 0) n += (size_t)w;
   }
-  options_verbose("version %d.%d, pid %ld, options:%s", TH_VERSION_MAJOR, TH_VERSION_MINOR, os_process_id(),
-                  line);
+  options_verbose("version %s, pid %ld, options:%s", th_version(), os_process_id(), line);
 }
 
 void options_init(void) {

@@ -35,8 +35,10 @@ for s in $syms; do
     fail=$((fail + 1))
   fi
 done
-# The whole glibc interface, its __libc_ aliases, and the 20 forms of operator new and delete (C++17).
-required_names="th_malloc th_free malloc free calloc realloc reallocarray aligned_alloc posix_memalign memalign
+# The whole glibc interface, its __libc_ aliases, and the 20 forms of operator new and delete (C++17); and
+# th_version, which `threadheap --version` calls.
+required_names="th_malloc th_free th_version
+  malloc free calloc realloc reallocarray aligned_alloc posix_memalign memalign
   valloc pvalloc malloc_usable_size malloc_trim mallinfo mallinfo2 malloc_stats malloc_info mallopt
   __libc_malloc __libc_free __libc_calloc __libc_realloc __libc_memalign __libc_valloc __libc_pvalloc
   __libc_mallinfo __libc_mallopt

@@ -1,7 +1,7 @@
-"""threadheap's command-line tools: `threadheap bench`, `threadheap run` and `threadheap top`.
+"""threadheap's command-line tools: `threadheap bench`, `threadheap run`, `threadheap top` and
+`threadheap profile`.
 
 Only the standard library is imported at package level; the bench module keeps its third-party imports
-(rich, matplotlib) inside the functions that need them.
+(rich, matplotlib) inside the functions that need them. The version is the library's (`threadheap --version`
+asks it), not a copy here.
 """
-
-__version__ = "0.1.0"

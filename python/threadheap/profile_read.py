@@ -5,7 +5,8 @@ The Python classes come from proto/profile.proto, compiled once by protoc (grpci
 the protobuf package it was installed with, else a protoc on PATH) into
 $XDG_CACHE_HOME/threadheap/profile_pb2-<key>/, where the key hashes the .proto and the protobuf version: an
 edited schema or an upgraded protobuf gets a fresh compilation. The .proto sits at the same place relative to
-this package in the source tree (proto/) and in an installed tree (share/threadheap/proto/).
+this package in the source tree (proto/) and in an installed tree (share/threadheap/proto/). The .deb
+recommends Debian's python3-protobuf and protobuf-compiler, whose protoc matches that protobuf.
 
 Symbolisation, per location (a call site: return address - 1):
   - when the mapping's file is on this machine with the build id the profile recorded, addr2line (binutils)
@@ -35,7 +36,12 @@ from pathlib import Path
 from .run_stats import cache_dir
 
 PROTO = Path(__file__).resolve().parents[2] / "proto" / "profile.proto"
-INSTALL_HINT = "pip install protobuf grpcio-tools (bench/venv.sh puts them in the project's .venv)"
+# An installed tree (share/threadheap/) reads profiles with the system's protobuf and protoc; a source tree
+# (it has the CMakeLists.txt) with the project's venv.
+if (PROTO.parents[1] / "CMakeLists.txt").is_file():
+    INSTALL_HINT = "pip install protobuf grpcio-tools (bench/venv.sh puts them in the project's .venv)"
+else:
+    INSTALL_HINT = "apt-get install python3-protobuf protobuf-compiler, or pip install protobuf grpcio-tools"
 TOOL_TIMEOUT_S = 300
 
 
