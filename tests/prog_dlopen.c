@@ -1,4 +1,4 @@
-/* prog_dlopen.c LIB: threadheap loaded with dlopen into a program that runs on glibc's malloc, as README
+/* prog_dlopen.c LIB: threadheap loaded with dlopen into a program that runs on glibc's malloc, as docs/usage.md
  * documents it: dlopen succeeds (the library's initial-exec TLS fits in glibc's static TLS surplus); the
  * process's malloc stays glibc's; th_malloc and th_free found with dlsym work from two threads, with blocks
  * freed by the other thread; dlclose returns 0 but the library stays loaded (it is linked with -z nodelete,

@@ -4,7 +4,7 @@
 #     before the first malloc; dlsym/dlerror; a static constructor; fork and exec) passes preloaded, linked to
 #     the shared library, and linked to the static one; without the preload it must fail, so this cannot
 #     pass with the library silently absent. Nothing may appear on stderr.
-#   - prog_dlopen: threadheap dlopen'ed into a glibc-malloc program works as README documents.
+#   - prog_dlopen: threadheap dlopen'ed into a glibc-malloc program works as docs/usage.md documents.
 #   - Two copies stop the process with one "threadheap: two copies ..." line and SIGABRT: the static copy
 #     plus a preloaded one, and a preloaded copy plus a second file of the library loaded with dlopen.
 set -u
