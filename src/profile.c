@@ -65,14 +65,18 @@ static double sample_weight(size_t size) {
   return 1.0 / -expm1(-(double)size / (double)profile.rate);
 }
 
-/* ---- stacks, interned in an open-addressing table of the arena; inserts by CAS, no lock */
+/* ---- stacks, interned in open-addressing tables of the arena; inserts by CAS, no lock */
 
-/* 131,072 slots (1 MiB, touched where stacks hash): room for about 100,000 distinct sampled stacks before the
- * 64-probe limit sends new ones to the overflow stack. 2^20 slots cost espresso (mimalloc-bench) 3 MB of RSS. */
+/* The first table has 131,072 slots (1 MiB, touched where stacks hash): room for about 100,000 distinct
+ * sampled stacks before a stack's 64 probes all find other stacks (2^20 slots cost espresso, mimalloc-bench,
+ * 3 MB of RSS). A stack that finds no room goes on to the next table, twice as large, made when first
+ * needed; tables only fill, so a stack's place never changes. Five tables have 4 million slots
+ * (31 MiB); past them, or when the arena is full, samples go to the overflow stack. */
 #define TABLE_SLOTS ((size_t)1 << 17)
-static _Atomic(profile_stack_t *) *table;
+#define TABLE_LEVELS 5
+static _Atomic(_Atomic(profile_stack_t *) *) tables[TABLE_LEVELS];
 static _Atomic(profile_stack_t *) stacks_all;
-static profile_stack_t *overflow_stack; /* when the table or the arena is full */
+static profile_stack_t *overflow_stack; /* when the tables or the arena are full */
 static uintptr_t own_lo, own_hi;        /* threadheap's own code: its frames are left out of stacks */
 
 /* libunwind's fast path maps a frame cache of 256 KiB per thread at the thread's first sample (freed at its
@@ -147,23 +151,40 @@ static void stack_publish(profile_stack_t *s) {
   while (!atomic_compare_exchange_weak_explicit(&stacks_all, &head, s, memory_order_release, memory_order_relaxed));
 }
 
+/* Table `level`, made now if it is not there yet (NULL: the arena is full). */
+static _Atomic(profile_stack_t *) *table_at(size_t level) {
+  _Atomic(profile_stack_t *) *t = atomic_load_explicit(&tables[level], memory_order_acquire);
+  if (t != NULL) return t;
+  _Atomic(profile_stack_t *) *fresh = arena_alloc((TABLE_SLOTS << level) * sizeof *fresh); /* zero: empty */
+  if (fresh == NULL) return NULL;
+  if (atomic_compare_exchange_strong_explicit(&tables[level], &t, fresh, memory_order_acq_rel, memory_order_acquire))
+    return fresh;
+  return t; /* another thread made it first: this one stays unused, and untouched, in the arena */
+}
+
 /* The caller's stack (threadheap's own frames left out), interned. */
 static profile_stack_t *stack_here(void) {
   uintptr_t pc[PROFILE_DEPTH];
   uint32_t n = trace_here(pc, PROFILE_DEPTH);
   uint64_t h = hash_pcs(pc, n);
-  for (size_t i = h & (TABLE_SLOTS - 1), probes = 0; probes < 64; i = (i + 1) & (TABLE_SLOTS - 1), probes++) {
-    profile_stack_t *s = atomic_load_explicit(&table[i], memory_order_acquire);
-    if (s == NULL) {
-      profile_stack_t *fresh = stack_new(pc, n, h);
-      if (fresh == NULL) return overflow_stack;
-      if (atomic_compare_exchange_strong_explicit(&table[i], &s, fresh, memory_order_acq_rel, memory_order_acquire)) {
-        stack_publish(fresh);
-        return fresh;
+  for (size_t level = 0; level < TABLE_LEVELS; level++) {
+    _Atomic(profile_stack_t *) *table = table_at(level);
+    if (table == NULL) break;
+    size_t mask = (TABLE_SLOTS << level) - 1;
+    for (size_t i = h & mask, probes = 0; probes < 64; i = (i + 1) & mask, probes++) {
+      profile_stack_t *s = atomic_load_explicit(&table[i], memory_order_acquire);
+      if (s == NULL) {
+        profile_stack_t *fresh = stack_new(pc, n, h);
+        if (fresh == NULL) return overflow_stack;
+        if (atomic_compare_exchange_strong_explicit(&table[i], &s, fresh, memory_order_acq_rel,
+                                                    memory_order_acquire)) {
+          stack_publish(fresh);
+          return fresh;
+        }
+        /* another thread took the slot: compare with its stack (this one stays unused in the arena) */
       }
-      /* another thread took the slot: compare with its stack (this one stays unused in the arena) */
+      if (s->hash == h && s->depth == n && memcmp(s->pc, pc, n * sizeof(uintptr_t)) == 0) return s;
     }
-    if (s->hash == h && s->depth == n && memcmp(s->pc, pc, n * sizeof(uintptr_t)) == 0) return s;
   }
   return overflow_stack;
 }
@@ -497,9 +518,9 @@ void profile_init(void) {
   if (th_options.profile_path == NULL && !th_options.leaks) return;
   arena = os_reserve_rw(ARENA_SIZE);
   if (arena == NULL) return;
-  table = arena_alloc(TABLE_SLOTS * sizeof *table);
+  _Atomic(profile_stack_t *) *first = table_at(0);
   overflow_stack = stack_new(NULL, 0, 0);
-  if (table == NULL || overflow_stack == NULL) return;
+  if (first == NULL || overflow_stack == NULL) return;
   stack_publish(overflow_stack);
   profile.rate = (size_t)th_options.profile_rate;
   profile.start_ms = os_now_ms();

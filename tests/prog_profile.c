@@ -19,6 +19,9 @@
  *   patterns            the sampler's split of a page's budget meets each way of using a page: site_pairs()
  *                       frees each block at once, site_batch() allocates 200 then frees them, phases alternating;
  *                       "allocated SITE BYTES", then th_profile_dump(PATH)
+ *   many_stacks         262,144 distinct call stacks (an 18-deep binary path of calls) each allocate and free
+ *                       600 KiB at site_deep(): more stacks than the profiler's first table holds;
+ *                       "allocated site_deep BYTES", then th_profile_dump(PATH)
  *   explicit            explicit heaps (th_heap_create): a serialized heap fed by 4 threads at site_shared(), a
  *                       no-serialize heap at site_own() (small blocks, aligned blocks and 4 MiB ones), blocks
  *                       freed one by one at site_heap_freed(), a capped heap destroyed whole at site_destroyed();
@@ -153,6 +156,42 @@ static void *free_queued(void *arg) {
   }
   pthread_mutex_unlock(&queue_lock);
   return NULL;
+}
+
+/* ---- many distinct stacks */
+
+__attribute__((noipa)) void *site_deep(size_t n) { return fill(n); }
+
+static volatile int deep_calls; /* written after each call, so that no call becomes a jump */
+static size_t deep_bytes;
+__attribute__((noipa)) static void deep_path(int depth, unsigned bits);
+__attribute__((noipa)) static void deep_left(int depth, unsigned bits) { deep_path(depth, bits), deep_calls++; }
+__attribute__((noipa)) static void deep_right(int depth, unsigned bits) { deep_path(depth, bits), deep_calls++; }
+
+/* Each value of bits takes its own path of calls down to site_deep. */
+__attribute__((noipa)) static void deep_path(int depth, unsigned bits) {
+  if (depth == 0) {
+    size_t n = (size_t)600 << 10;
+    unsigned char *p = site_deep(n);
+    if (p[n - 1] != 0x5a) abort();
+    site_free(p);
+    deep_bytes += n;
+  } else if (bits & 1) {
+    deep_left(depth - 1, bits >> 1);
+  } else {
+    deep_right(depth - 1, bits >> 1);
+  }
+  deep_calls++;
+}
+
+static int many_stacks(const char *path) {
+  for (unsigned bits = 0; bits < (1u << 18); bits++) deep_path(18, bits);
+  printf("allocated site_deep %zu\n", deep_bytes);
+  if (th_profile_dump(path) != 0) {
+    perror("th_profile_dump");
+    return 1;
+  }
+  return 0;
 }
 
 /* ---- explicit heaps */
@@ -725,6 +764,7 @@ int main(int argc, char **argv) {
   }
   if (strcmp(mode, "patterns") == 0) return patterns(path);
   if (strcmp(mode, "explicit") == 0) return explicit_heaps(path);
+  if (strcmp(mode, "many_stacks") == 0) return many_stacks(path);
   if (strcmp(mode, "many_threads") == 0) return many_threads(path);
   if (strcmp(mode, "interval") == 0) return interval();
   if (strcmp(mode, "signal") == 0) return signal_dump();

@@ -121,6 +121,19 @@ def many_threads(tmp):
     check(others <= 0.01 * est, f"many threads: {others / 2**20:.1f} MiB sampled elsewhere (stacks of both unwinders)")
 
 
+def many_stacks(tmp):
+    """262,144 distinct stacks, more than the first stack table holds: the later tables take them, and none is
+    lost to the overflow stack (every block is sampled at weight 1, so alloc_space is exact)."""
+    prog = os.path.join(BIN, "prog_profile")
+    dump = os.path.join(tmp, "stacks.pb.gz")
+    r = run([prog, "many_stacks"], {"THREADHEAP_PROFILE": dump + ".exit", "PROFILE_DUMP": dump})
+    check(r.returncode == 0, "many stacks: runs" + tail(r.returncode, r.stdout, r.stderr))
+    truth = {site: int(n) for _, site, n in (line.split() for line in r.stdout.splitlines())}
+    est, true = (pprof_top(prog, dump, "alloc_space") or {}).get("site_deep", 0), truth.get("site_deep", 0)
+    check(true > 0 and abs(est - true) <= true // 1000,
+          f"many stacks: site_deep alloc_space {est / 2**30:.2f} GiB against {true / 2**30:.2f} GiB")
+
+
 def explicit_heaps(tmp):
     """Blocks of explicit heaps are sampled: a serialized heap fed by 4 threads, a no-serialize heap (small,
     aligned and 4 MiB blocks), blocks freed one by one, and a capped heap destroyed whole, whose blocks leave
@@ -404,6 +417,7 @@ def main():
         patterns(tmp)
         many_threads(tmp)
         explicit_heaps(tmp)
+        many_stacks(tmp)
         leaks(tmp)
         others(tmp)
         interval(tmp)
