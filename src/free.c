@@ -18,10 +18,8 @@ static inline bool page_is_block(const th_page_t *page, const void *p) {
 static inline uintptr_t free_tag(const void *block) { return th_key ^ (uintptr_t)block; }
 
 /* A free by the owner: pushed on the page's free list, so the next malloc of the class gets it back while it
- * is still in cache (LIFO, like a per-thread cache), instead of a block freed long ago. Against pushing on
- * local_free while free held blocks: bench/pairs, one thread, 2.8 against 3.2 ns per pair at 16 B-1 KiB and
- * 3.0 against 4.6 ns at 256 KiB; bench/random, 4 threads up to 64 KiB, 119 against 94 Mops/s (5
- * interleaved runs each). Tagged free and counted; no lock, no atomic. */
+ * is still in cache (LIFO, like a per-thread cache), instead of a block freed long ago (docs/design.md, "Free
+ * lists and remote frees", has the measurements). Tagged free and counted; no lock, no atomic. */
 static inline bool free_push_local(th_page_t *page, th_block_t *b) {
   bool tick = page_count_free(page);
   b->tag = free_tag(b);
@@ -61,9 +59,8 @@ TH_COLD static void free_remote_count_pair(th_segment_t *seg, th_block_t *b) {
 }
 
 /* Counting who frees whose memory is one test at the top, so that the push's code is the same with it off:
- * a branch inside made the compiler address the page twice (44 instructions per remote free against 38,
- * callgrind), and counting inline, even in three instructions, cost the producer/consumer benchmark 8-10%
- * (docs/design.md). */
+ * a branch inside made the compiler address the page twice, and counting inline, even in three
+ * instructions, slowed the producer/consumer benchmark (docs/design.md). */
 TH_NOINLINE TH_HOT static void free_remote(th_segment_t *seg, th_block_t *b) {
   if (th_unlikely(th_options.remote_pairs)) {
     free_remote_count_pair(seg, b);
@@ -73,8 +70,8 @@ TH_NOINLINE TH_HOT static void free_remote(th_segment_t *seg, th_block_t *b) {
 }
 
 /* The fast path: owner thread, a block start, not tagged as free. No lock, no atomic read-modify-write;
- * every way out is a tail call, so the path saves no registers (about 40 instructions, 5 branches; a page
- * parked as full is caught by the same carry test as the purge clock's tick, see page_count_free).
+ * every way out is a tail call, so the path saves no registers (a page parked as full is caught by the
+ * same carry test as the purge clock's tick, see page_count_free).
  * A page that empties is not retired here: heap_purge finds empty pages on its rounds, and a malloc/free
  * loop that empties its page again and again pays nothing for it. */
 TH_API TH_HOT void th_free(void *p) {

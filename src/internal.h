@@ -24,8 +24,8 @@
 #define th_unlikely(x) __builtin_expect(!!(x), 0)
 #define TH_NOINLINE __attribute__((noinline))
 #define TH_COLD __attribute__((cold, noinline))
-/* The fast paths start on a cache line: where they happen to fall otherwise moved a malloc/free pair by
- * a third of its time (bench/pairs, 4 KiB: 3.2 ns aligned, 4.7 ns at one unlucky offset). */
+/* The fast paths start on a cache line: where they happen to fall otherwise moved a malloc/free pair's
+ * time by a third (docs/design.md). */
 #define TH_HOT __attribute__((aligned(64)))
 
 /* th_check stays on in release builds and stops the process; th_assert is for debug builds only. */
@@ -477,8 +477,7 @@ static inline void page_free_from_local(th_page_t *page) {
 }
 
 /* The malloc fast path on a heap (th_malloc on the thread's, th_heap_malloc on an explicit one): a table
- * lookup and a pop, no lock, no atomic (about 12 instructions, two branches, up to 1 KiB; two or four more
- * up to 1 MiB); everything else is a tail call. */
+ * lookup and a pop, no lock, no atomic; everything else is a tail call. */
 static inline void *heap_malloc(th_heap_t *heap, size_t size) {
   th_page_t *page;
   if (th_likely(size <= TH_DIRECT_MAX)) page = heap->direct[(size + 15) >> 4];

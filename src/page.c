@@ -126,10 +126,8 @@ bool page_extend(th_heap_t *heap, th_page_t *page) {
 /* Fold the blocks other threads freed into the page's lists. Owner only. Returns how many. The stack is not
  * walked when local_free is empty (callers on the malloc path empty it first): the thread that freed
  * the blocks wrote them last, and a walk is a chain of cache misses paid in one burst, where popping them one
- * by one lets each miss overlap the caller's work. Walking on purpose was tried (commit 5364731) and undone:
- * with larson's harness fixed it cost 2 threads 83 against 98 Mops/s, and xthread's gain from it was gone
- * once remote frees got shorter (6.29 against 6.45 Mblocks/s without the walk; medians of 9 and 21
- * interleaved runs). */
+ * by one lets each miss overlap the caller's work. Walking on purpose cost larson more than it gained
+ * anywhere (docs/design.md). */
 size_t page_collect(th_page_t *page) {
   uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
   if (tf_block(tf) == NULL) return 0;

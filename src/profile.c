@@ -68,8 +68,8 @@ static double sample_weight(size_t size) {
 /* ---- stacks, interned in open-addressing tables of the arena; inserts by CAS, no lock */
 
 /* The first table has 131,072 slots (1 MiB, touched where stacks hash): room for about 100,000 distinct
- * sampled stacks before a stack's 64 probes all find other stacks (2^20 slots cost espresso, mimalloc-bench,
- * 3 MB of RSS). A stack that finds no room goes on to the next table, twice as large, made when first
+ * sampled stacks before a stack's 64 probes all find other stacks; small, because a larger first table
+ * weighs on small programs' RSS (docs/design.md). A stack that finds no room goes on to the next table, twice as large, made when first
  * needed; tables only fill, so a stack's place never changes. Five tables have 4 million slots
  * (31 MiB); past them, or when the arena is full, samples go to the overflow stack. */
 #define TABLE_SLOTS ((size_t)1 << 17)
@@ -110,9 +110,9 @@ static int trace_step(void **ip, int cap) {
 /* The caller's call sites, innermost first, threadheap's own frames left out: n of them in pc.
  *
  * libunwind's unw_backtrace, whose x86-64 fast path keeps, per thread, the frame layout of every return
- * address it has seen (in memory it maps itself): a sample costs about 0.1 us for a dozen frames, where
- * libgcc's _Unwind_Backtrace, which interprets the DWARF call-frame program of every frame anew, took 1 us
- * and more. A frame the fast path cannot describe falls back to libunwind's full unwinder. */
+ * address it has seen (in memory it maps itself), about ten times faster than libgcc's _Unwind_Backtrace,
+ * which interprets the DWARF call-frame program of every frame anew (docs/design.md). A frame the fast path
+ * cannot describe falls back to libunwind's full unwinder. */
 static uint32_t trace_here(uintptr_t *pc, uint32_t max) {
   void *ip[PROFILE_DEPTH + 16];
   int cap = (int)(sizeof ip / sizeof ip[0]);

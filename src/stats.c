@@ -47,8 +47,8 @@ void stats_count(size_t *counter) { add((_Atomic(size_t) *)counter, 1); }
 void stats_add(size_t *counter, size_t n) { add((_Atomic(size_t) *)counter, (long)n); }
 
 /* Remote frees are counted when their page is collected, which a serialized explicit heap does about once
- * per allocation: one shared counter bumped by every thread was 16% of a 4-thread th:private run's profile
- * (perf, cpu-clock). Each thread counts in its own word and adds to the shared one in batches, when it
+ * per allocation: one shared counter bumped by every thread was a hot spot there (docs/design.md, "Seeing
+ * where the memory goes"). Each thread counts in its own word and adds to the shared one in batches, when it
  * reads the counters, and when it exits (thread_done; a thread that never had a default heap is signed up
  * for that when it starts a batch). */
 #define REMOTE_BATCH 1024
