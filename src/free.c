@@ -112,9 +112,10 @@ TH_NOINLINE void free_slow(void *p) {
     huge_free(seg, p, TH_OP_FREE);
   } else if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id()) {
     th_heap_t *heap = atomic_load_explicit(&seg->heap, memory_order_relaxed);
-    bool tick = free_push_local(page, b);
-    if (page_used(page) == 0 || page->in_full) heap_free_local(heap, page);
-    else if (tick) heap_free_tick(heap, page);
+    /* A carry is always taken, as on the fast path: it holds 4,096 frees for the counts, and the heap
+     * profiler's bound on what the fast paths serve (heap_free_tick also unparks a full page). */
+    if (free_push_local(page, b)) heap_free_tick(heap, page);
+    else if (page_used(page) == 0) heap_free_local(heap, page);
   } else {
     b->tag = free_tag(b);
     block_poison(b, page->block_size);
@@ -141,7 +142,13 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
     th_page_t *page = &seg->pages[0];
     *page_out = page;
     if (!page->in_use) report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0); /* its heap was destroyed */
-    if (p != page->start) report_misuse(TH_MISUSE_INTERIOR, op, p, page->start, free_usable_size(page, page->start));
+    /* An aligned block may lie inside a huge one: a sampled block is huge whatever its size (profile.c). */
+    const uint8_t *u = p;
+    bool aligned = u > page->start && u - page->start >= 32 && u < page->start + seg->huge_size &&
+                   __atomic_load_n(&page->has_aligned, __ATOMIC_RELAXED) && ((uintptr_t)p & 15) == 0 &&
+                   alloc_is_aligned_tag(p);
+    if (p != page->start && !aligned)
+      report_misuse(TH_MISUSE_INTERIOR, op, p, page->start, free_usable_size(page, page->start));
     if (atomic_load_explicit(&seg->huge_live, memory_order_acquire) != 1)
       report_misuse(TH_MISUSE_FREED, op, p, p, free_usable_size(page, p));
     return (th_block_t *)p;

@@ -22,6 +22,10 @@
  *   many_stacks         262,144 distinct call stacks (an 18-deep binary path of calls) each allocate and free
  *                       600 KiB at site_deep(): more stacks than the profiler's first table holds;
  *                       "allocated site_deep BYTES", then th_profile_dump(PATH)
+ *   aligned             aligned blocks, sampled: from an explicit heap (every sampled block of one is huge) and
+ *                       of about 1 MiB from malloc (huge when sampled), each handed out inside its block; their
+ *                       usable size read, some reallocated, all freed at site_aligned(); then aligned
+ *                       malloc/free pairs at site_aligned_pairs(); "allocated" lines, then th_profile_dump(PATH)
  *   explicit            explicit heaps (th_heap_create): a serialized heap fed by 4 threads at site_shared(), a
  *                       no-serialize heap at site_own() (small blocks, aligned blocks and 4 MiB ones), blocks
  *                       freed one by one at site_heap_freed(), a capped heap destroyed whole at site_destroyed();
@@ -43,6 +47,10 @@
 #include <unistd.h>
 
 #include "threadheap.h"
+
+/* posix_memalign's request plus alignment near 1 MiB, threadheap's largest block in heap pages: a sampled
+ * one, which needs room for its sample too, becomes a huge block. */
+#define TH_BIG_ALIGNED (((size_t)1 << 20) - 64)
 
 static size_t live_total = (size_t)256 << 20; /* PROFILE_LIVE_MB sets it (the ThreadSanitizer run) */
 
@@ -236,6 +244,60 @@ static void *shared_worker(void *arg) {
     w->freed += n;
   }
   return NULL;
+}
+
+__attribute__((noipa)) void *site_aligned(th_heap_t *h, size_t align, size_t n) {
+  void *p = NULL;
+  if (h) p = th_heap_aligned_alloc(h, align, n);
+  else if (posix_memalign(&p, align, n) != 0) p = NULL;
+  if (p == NULL || (uintptr_t)p % align != 0 || th_usable_size(p) < n) abort();
+  memset(p, 0x3c, n);
+  return p;
+}
+
+__attribute__((noipa)) void *site_aligned_pairs(size_t align, size_t n) {
+  void *p = NULL;
+  if (posix_memalign(&p, align, n) != 0 || (uintptr_t)p % align != 0) abort();
+  memset(p, 0x3c, n);
+  return p;
+}
+
+static int aligned_blocks(const char *path) {
+  th_heap_t *heap = th_heap_create(TH_HEAP_NO_SERIALIZE, 0, 0);
+  size_t bytes = 0;
+  uint64_t rng = 0x9E3779B97F4A7C15ull;
+  for (int i = 0; i < 4000; i++) {
+    size_t align = (size_t)32 << (i % 8); /* 32 B .. 4 KiB */
+    bool big = i % 10 == 0; /* about 1 MiB from malloc: sampled, it is a huge block */
+    size_t n = big ? TH_BIG_ALIGNED - align : 16 + (size_t)(rng_next(&rng) % 16384);
+    unsigned char *p = site_aligned(big ? NULL : heap, align, n);
+    bytes += n;
+    if (i % 3 == 0) { /* grown: the contents move with it */
+      p = big ? realloc(p, n + 100) : th_heap_realloc(heap, p, n + 100);
+      if (p == NULL || p[0] != 0x3c || p[n - 1] != 0x3c) return 3;
+    } else if (p[0] != 0x3c || p[n - 1] != 0x3c) {
+      return 3;
+    }
+    th_free(p);
+  }
+  th_heap_destroy(heap);
+  printf("allocated site_aligned %zu\n", bytes);
+  /* Aligned pairs at site_aligned_pairs: each free takes the slow path and empties the page, and the carry
+   * of its free count must still reach the sampler. */
+  size_t pair_bytes = 0;
+  for (int i = 0; i < 20000; i++) {
+    size_t align = (size_t)1024 << (i % 3), n = 2048 + (size_t)(rng_next(&rng) % 4096);
+    unsigned char *p = site_aligned_pairs(align, n);
+    if (p[n - 1] != 0x3c) return 3;
+    free(p);
+    pair_bytes += n + align + 16; /* what the library asks of its heap for it (alloc_aligned), and samples */
+  }
+  printf("allocated site_aligned_pairs %zu\n", pair_bytes);
+  if (th_profile_dump(path) != 0) {
+    perror("th_profile_dump");
+    return 1;
+  }
+  return 0;
 }
 
 static int explicit_heaps(const char *path) {
@@ -764,6 +826,7 @@ int main(int argc, char **argv) {
   }
   if (strcmp(mode, "patterns") == 0) return patterns(path);
   if (strcmp(mode, "explicit") == 0) return explicit_heaps(path);
+  if (strcmp(mode, "aligned") == 0) return aligned_blocks(path);
   if (strcmp(mode, "many_stacks") == 0) return many_stacks(path);
   if (strcmp(mode, "many_threads") == 0) return many_threads(path);
   if (strcmp(mode, "interval") == 0) return interval();

@@ -121,6 +121,28 @@ def many_threads(tmp):
     check(others <= 0.01 * est, f"many threads: {others / 2**20:.1f} MiB sampled elsewhere (stacks of both unwinders)")
 
 
+def aligned(tmp):
+    """Aligned blocks that were sampled (an explicit heap's, and ones of about 1 MiB from posix_memalign) are
+    handed out inside a huge block: their usable size, realloc and free take them as the block they are."""
+    prog = os.path.join(BIN, "prog_profile")
+    dump = os.path.join(tmp, "aligned.pb.gz")
+    r = run([prog, "aligned"], {"THREADHEAP_PROFILE": dump + ".exit", "PROFILE_DUMP": dump})
+    check(r.returncode == 0, "aligned: usable size, realloc and free of sampled aligned blocks" +
+          tail(r.returncode, r.stdout, r.stderr))
+    truth = {site: int(n) for _, site, n in (line.split() for line in r.stdout.splitlines())}
+    alloc = pprof_top(prog, dump, "alloc_space") or {}
+    inuse = pprof_top(prog, dump, "inuse_space") or {}
+    est, true = alloc.get("site_aligned", 0), truth.get("site_aligned", 0)
+    # Each sampled block is counted at its request plus alignment room, up to 4 KiB more than asked.
+    check(true > 0 and close_to(est, true, slack=4000 * 4096),
+          f"aligned: site_aligned alloc_space {est / 2**20:.1f} MiB against {true / 2**20:.1f} MiB")
+    check(inuse.get("site_aligned", 0) == 0, f"aligned: nothing left in inuse_space ({inuse.get('site_aligned', 0)} B)")
+    # Blocks of 2-6 KiB aligned to 1-4 KiB, each freed at once: the sampler sees every one of them.
+    est, true = alloc.get("site_aligned_pairs", 0), truth.get("site_aligned_pairs", 0)
+    check(true > 0 and close_to(est, true),
+          f"aligned: site_aligned_pairs alloc_space {est / 2**20:.1f} MiB against {true / 2**20:.1f} MiB")
+
+
 def many_stacks(tmp):
     """262,144 distinct stacks, more than the first stack table holds: the later tables take them, and none is
     lost to the overflow stack (every block is sampled at weight 1, so alloc_space is exact)."""
@@ -418,6 +440,7 @@ def main():
         many_threads(tmp)
         explicit_heaps(tmp)
         many_stacks(tmp)
+        aligned(tmp)
         leaks(tmp)
         others(tmp)
         interval(tmp)

@@ -209,6 +209,13 @@ static void test_flow(void) {
   while (!atomic_load(&remote_done)) sched_yield();
   frees += 2000;                                                      /* another thread's, not collected */
   for (int i = 0; i < 200000; i++) th_free(th_malloc(64)), allocs++, frees++, small_bytes += 64; /* ticks */
+  /* Blocks handed out inside a larger one (aligned): their free takes the slow path, whose ticks count too,
+   * also when the free empties the page. th_malloc(4096 + 1024 + 16) is what th_aligned_alloc asks for. */
+  for (int i = 0; i < 20000; i++) {
+    void *p = th_aligned_alloc(1024, 4096);
+    if (p == NULL || (uintptr_t)p % 1024 != 0) CHECK_MSG(0, "th_aligned_alloc(1024, 4096) gave %p", p);
+    th_free(p), allocs++, frees++; /* a medium block: not in small_bytes */
+  }
   /* Pages of 1 KiB blocks run full (parked), then one block of each is freed (the free that unparks). */
   enum { FULL = 64 * 3 };
   static void *full[FULL];
