@@ -186,9 +186,9 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
 }
 
 size_t free_usable_size(const th_page_t *page, const void *p) {
-  if (page->block_size == 0) { /* huge */
+  if (page->block_size == 0) { /* huge: to the end of its committed pages, as much as a write may touch */
     const th_segment_t *seg = segment_of_page(page);
-    return (size_t)((const uint8_t *)seg + seg->size - (const uint8_t *)p);
+    return (size_t)((const uint8_t *)seg + seg->huge_committed - (const uint8_t *)p);
   }
   const uint8_t *block = (const uint8_t *)p - page_block_offset(page, p);
   return (size_t)(block + page->block_size - (const uint8_t *)p);

@@ -207,6 +207,8 @@ static int many_stacks(const char *path) {
 static void *heap_fill(th_heap_t *heap, size_t n, size_t align) {
   unsigned char *p = align ? th_heap_aligned_alloc(heap, align, n) : th_heap_malloc(heap, n);
   if (p == NULL || (align && (uintptr_t)p % align != 0)) abort();
+  /* A sampled block is huge whatever its size; its usable size is still its own, not its segment's. */
+  if (th_usable_size(p) < n || th_usable_size(p) > n + n / 4 + align + 8192) abort();
   memset(p, 0x6b, n < 4096 ? n : 4096);
   p[n - 1] = 0x6b;
   return p;
