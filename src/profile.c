@@ -293,10 +293,12 @@ static void *sample_block(th_heap_t *heap, size_t size, size_t charged) {
   }
   if (sample_heap == NULL) return NULL;
   if (!th_lock_unless_fork(&sample_heap->lock)) return NULL; /* a fork is under way: not sampled */
+  /* Every block has 16 usable bytes: malloc(0)'s too, which would otherwise end where its header ends. */
+  size_t request = (size < 16 ? 16 : size) + SAMPLE_HEADER;
   /* Fresh memory carved for the block is this allocation's, as it would have been from the thread's heap. */
-  _Atomic(uint64_t) *fresh = &sample_heap->flow.fresh[size_class(size + SAMPLE_HEADER)];
+  _Atomic(uint64_t) *fresh = &sample_heap->flow.fresh[size_class(request)];
   uint64_t fresh_before = atomic_load_explicit(fresh, memory_order_relaxed);
-  uintptr_t *b = heap_malloc(sample_heap, size + SAMPLE_HEADER);
+  uintptr_t *b = heap_malloc(sample_heap, request);
   uint64_t fresh_bytes = atomic_load_explicit(fresh, memory_order_relaxed) - fresh_before;
   th_unlock(&sample_heap->lock);
   if (b == NULL) return NULL;

@@ -26,6 +26,8 @@
  *                       of about 1 MiB from malloc (huge when sampled), each handed out inside its block; their
  *                       usable size read, some reallocated, all freed at site_aligned(); then aligned
  *                       malloc/free pairs at site_aligned_pairs(); "allocated" lines, then th_profile_dump(PATH)
+ *   tiny                blocks of 0-15 bytes (malloc and an explicit heap), run with every block sampled: each has
+ *                       16 usable bytes of its own, checked after all are written; then th_profile_dump(PATH)
  *   explicit            explicit heaps (th_heap_create): a serialized heap fed by 4 threads at site_shared(), a
  *                       no-serialize heap at site_own() (small blocks, aligned blocks and 4 MiB ones), blocks
  *                       freed one by one at site_heap_freed(), a capped heap destroyed whole at site_destroyed();
@@ -299,6 +301,29 @@ static int aligned_blocks(const char *path) {
     perror("th_profile_dump");
     return 1;
   }
+  return 0;
+}
+
+__attribute__((noipa)) unsigned char *site_tiny(th_heap_t *h, size_t n, int fill_byte) {
+  unsigned char *p = h ? th_heap_malloc(h, n) : malloc(n);
+  if (p != NULL) memset(p, fill_byte, 16); /* and not a tail call: the frame stays in the stack */
+  return p;
+}
+
+static int tiny_blocks(const char *path) {
+  enum { N = 3000 };
+  static unsigned char *p[N];
+  th_heap_t *heap = th_heap_create(TH_HEAP_NO_SERIALIZE, 0, 0);
+  for (int i = 0; i < N; i++) {
+    p[i] = site_tiny(i % 2 ? heap : NULL, (size_t)(i % 16), i & 255);
+    if (p[i] == NULL || th_usable_size(p[i]) < 16) return 3;
+  }
+  for (int i = 0; i < N; i++)
+    for (int k = 0; k < 16; k++)
+      if (p[i][k] != (i & 255)) return 4;
+  for (int i = 0; i < N; i++) th_free(p[i]);
+  th_heap_destroy(heap);
+  if (th_profile_dump(path) != 0) return 1;
   return 0;
 }
 
@@ -829,6 +854,7 @@ int main(int argc, char **argv) {
   if (strcmp(mode, "patterns") == 0) return patterns(path);
   if (strcmp(mode, "explicit") == 0) return explicit_heaps(path);
   if (strcmp(mode, "aligned") == 0) return aligned_blocks(path);
+  if (strcmp(mode, "tiny") == 0) return tiny_blocks(path);
   if (strcmp(mode, "many_stacks") == 0) return many_stacks(path);
   if (strcmp(mode, "many_threads") == 0) return many_threads(path);
   if (strcmp(mode, "interval") == 0) return interval();

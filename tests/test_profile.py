@@ -39,7 +39,8 @@ RATE = 64 << 10
 
 
 def run(args, env_extra, **kw):
-    env = dict(os.environ, THREADHEAP_PROFILE_RATE="64K", **env_extra)
+    env = dict(os.environ, THREADHEAP_PROFILE_RATE="64K")
+    env.update(env_extra)
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=240, **kw)
 
 
@@ -141,6 +142,19 @@ def aligned(tmp):
     est, true = alloc.get("site_aligned_pairs", 0), truth.get("site_aligned_pairs", 0)
     check(true > 0 and close_to(est, true),
           f"aligned: site_aligned_pairs alloc_space {est / 2**20:.1f} MiB against {true / 2**20:.1f} MiB")
+
+
+def tiny(tmp):
+    """Every block sampled (rate 1 byte): blocks of 0-15 bytes, from malloc and from an explicit heap, each keep
+    16 usable bytes of their own (a sampled malloc(0) once ended where its sample's header did, at the next
+    block)."""
+    prog = os.path.join(BIN, "prog_profile")
+    dump = os.path.join(tmp, "tiny.pb.gz")
+    r = run([prog, "tiny"], {"THREADHEAP_PROFILE": dump + ".exit", "PROFILE_DUMP": dump,
+                             "THREADHEAP_PROFILE_RATE": "1"})
+    check(r.returncode == 0, "tiny: sampled blocks of 0-15 bytes hold 16 bytes each" + tail(r.returncode, r.stdout, r.stderr))
+    objects = (pprof_top(prog, dump, "alloc_objects") or {}).get("site_tiny", 0)
+    check(objects == 3000, f"tiny: every one of the 3,000 blocks sampled ({objects})")
 
 
 def many_stacks(tmp):
@@ -441,6 +455,7 @@ def main():
         explicit_heaps(tmp)
         many_stacks(tmp)
         aligned(tmp)
+        tiny(tmp)
         leaks(tmp)
         others(tmp)
         interval(tmp)
