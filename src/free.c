@@ -130,6 +130,12 @@ static bool next_is_plausible(const th_page_t *page, const th_block_t *b) {
   return b->next == NULL || page_is_block(page, b->next);
 }
 
+/* Was p, offset bytes inside its block, handed out by aligned allocation (alloc_mark_aligned)? */
+static bool handed_out_aligned(const th_page_t *page, const void *p, size_t offset) {
+  return __atomic_load_n(&page->has_aligned, __ATOMIC_RELAXED) && offset >= 32 && ((uintptr_t)p & 15) == 0 &&
+         alloc_is_aligned_tag(p);
+}
+
 th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, th_page_t **page_out) {
   th_segment_t *seg = segment_lookup(p);
   if (seg == NULL) {
@@ -144,9 +150,8 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
     if (!page->in_use) report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0); /* its heap was destroyed */
     /* An aligned block may lie inside a huge one: a sampled block is huge whatever its size (profile.c). */
     const uint8_t *u = p;
-    bool aligned = u > page->start && u - page->start >= 32 && u < page->start + seg->huge_size &&
-                   __atomic_load_n(&page->has_aligned, __ATOMIC_RELAXED) && ((uintptr_t)p & 15) == 0 &&
-                   alloc_is_aligned_tag(p);
+    bool aligned = u > page->start && u < page->start + seg->huge_size &&
+                   handed_out_aligned(page, p, (size_t)(u - page->start));
     if (p != page->start && !aligned)
       report_misuse(TH_MISUSE_INTERIOR, op, p, page->start, free_usable_size(page, page->start));
     if (atomic_load_explicit(&seg->huge_live, memory_order_acquire) != 1)
@@ -167,11 +172,9 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
     report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0);
   size_t rem = page_block_offset(page, p);
   th_block_t *b = (th_block_t *)(u - rem);
-  if (rem != 0) { /* an interior pointer, unless aligned allocation handed it out */
-    bool aligned = __atomic_load_n(&page->has_aligned, __ATOMIC_RELAXED) && rem >= 32 &&
-                   ((uintptr_t)p & 15) == 0 && alloc_is_aligned_tag(p);
-    if (!aligned) report_misuse(TH_MISUSE_INTERIOR, op, p, b, page->block_size);
-  }
+  /* An interior pointer, unless aligned allocation handed it out. */
+  if (rem != 0 && !handed_out_aligned(page, p, rem))
+    report_misuse(TH_MISUSE_INTERIOR, op, p, b, page->block_size);
   if (th_unlikely(b->tag == free_tag(b))) {
     bool freed;
     if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id()) {

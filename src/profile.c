@@ -69,9 +69,9 @@ static double sample_weight(size_t size) {
 
 /* The first table has 131,072 slots (1 MiB, touched where stacks hash): room for about 100,000 distinct
  * sampled stacks before a stack's 64 probes all find other stacks; small, because a larger first table
- * weighs on small programs' RSS (docs/design.md). A stack that finds no room goes on to the next table, twice as large, made when first
- * needed; tables only fill, so a stack's place never changes. Five tables have 4 million slots
- * (31 MiB); past them, or when the arena is full, samples go to the overflow stack. */
+ * weighs on small programs' RSS (docs/design.md). A stack that finds no room goes on to the next table,
+ * twice as large, made when first needed; tables only fill, so a stack's place never changes. Five tables
+ * have 4 million slots (31 MiB); past them, or when the arena is full, samples go to the overflow stack. */
 #define TABLE_SLOTS ((size_t)1 << 17)
 #define TABLE_LEVELS 5
 static _Atomic(_Atomic(profile_stack_t *) *) tables[TABLE_LEVELS];
