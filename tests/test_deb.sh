@@ -44,17 +44,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-check() { # check NAME COMMAND...: runs COMMAND, reports a failure with its output
-  name=$1
-  shift
-  if "$@" >"$tmp/out" 2>&1; then
-    echo "ok   $name"
-  else
-    echo "FAIL $name"
-    tail -20 "$tmp/out"
-    fail=$((fail + 1))
-  fi
-}
+. "$root/tests/check.sh"
 
 if ! make -C "$root" BUILD="$build" deb >"$tmp/make.log" 2>&1; then
   echo "FAIL make deb"

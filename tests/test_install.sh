@@ -17,17 +17,7 @@ unset TH_LIB TH_BIN_DIR PYTHONPATH LD_PRELOAD LD_LIBRARY_PATH THREADHEAP_SHOW_ST
 # run --stats prices a page fault once and caches it: in the temporary folder, not the home directory.
 export XDG_CACHE_HOME="$tmp/cache"
 
-check() { # check NAME COMMAND...: runs COMMAND, reports a failure with its output
-  name=$1
-  shift
-  if "$@" >"$tmp/out" 2>&1; then
-    echo "ok   $name"
-  else
-    echo "FAIL $name"
-    tail -20 "$tmp/out"
-    fail=$((fail + 1))
-  fi
-}
+. "$(dirname "$0")/check.sh"
 
 if ! cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" 2>&1; then
   echo "FAIL cmake --install"
