@@ -13,7 +13,6 @@
  * always reaches the slow path, which samples it. The allocations served in between are counted from the
  * page's own used_word (pops and frees each change it by a known amount). */
 #include <errno.h>
-#include <math.h>
 #include <string.h>
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
@@ -52,9 +51,31 @@ static uint64_t rng_next(uint64_t *s) {
   return *s = x;
 }
 
+/* The two functions of libm the sampler needs, as short series: linking libm put its whole IFUNC-resolved
+ * library in every process's RSS (about 330 KiB, docs/design.md "Resident size at start"), profiling or
+ * not. Both are within 1e-11 of libm's, far finer than sampling needs (tcmalloc's sampler makes do with a
+ * table of 1,024 logarithms). */
+
+/* ln(x) for x in (0, 1]: x = m * 2^e with m in [1, 2), ln(m) = 2 atanh((m - 1) / (m + 1)). */
+static double ln_unit(double x) {
+  int e = 0;
+  while (x < 0.5) x *= 2.0, e--; /* x >= 2^-53: at most 53 steps, and only on a sample */
+  if (x < 1.0) x *= 2.0, e--;
+  double s = (x - 1.0) / (x + 1.0), s2 = s * s, term = s, sum = 0.0; /* s in [0, 1/3] */
+  for (int k = 1; k < 40; k += 2) sum += term / k, term *= s2;
+  return 2.0 * sum + e * 0.69314718055994530942;
+}
+
+/* 1 - exp(-x) for x in [0, 1), without cancellation: the alternating series x - x^2/2! + x^3/3! ... */
+static double one_minus_exp_neg(double x) {
+  double term = x, sum = 0.0;
+  for (int k = 2; k < 24; k++) sum += term, term *= -x / k;
+  return sum;
+}
+
 static int64_t draw_distance(uint64_t *rng) {
   double u = ((double)(rng_next(rng) >> 11) + 1.0) / 9007199254740993.0; /* (0, 1] */
-  double d = -log(u) * (double)profile.rate;
+  double d = -ln_unit(u) * (double)profile.rate;
   return d < 1.0 ? 1 : d > 9e15 ? (int64_t)9e15 : (int64_t)d;
 }
 
@@ -62,7 +83,7 @@ static int64_t draw_distance(uint64_t *rng) {
  * estimates of true ones. Blocks of the rate or larger are always sampled. */
 static double sample_weight(size_t size) {
   if (size >= profile.rate) return 1.0;
-  return 1.0 / -expm1(-(double)size / (double)profile.rate);
+  return 1.0 / one_minus_exp_neg((double)size / (double)profile.rate);
 }
 
 /* ---- stacks, interned in open-addressing tables of the arena; inserts by CAS, no lock */
@@ -536,10 +557,15 @@ void profile_init(void) {
    * first sample maps that thread's frame cache). */
   uintptr_t warm[PROFILE_DEPTH];
   (void)trace_here(warm, PROFILE_DEPTH);
+  profile_writer_open(); /* zlib and protobuf-c, loaded only now */
   sample_heap = explicit_create_samples();
   if (sample_heap == NULL) return;
   profile_signal_init();
   th_profile_on = true;
+  /* This thread's heap may hold blocks already (libc's start, the loading of zlib and protobuf-c above): its
+   * lists are cut now, or the fast path would serve them unsampled until its first slow path. */
+  th_heap_t *heap = th_heap_tls;
+  if (heap != &th_heap_empty && heap->sampler == NULL) (void)sampler_attach(heap);
 }
 
 void profile_fork_child(void) {

@@ -38,6 +38,7 @@ void profile_enter(void);
 void profile_leave(void);
 
 /* profile_write.c */
+void profile_writer_open(void);
 void profile_signal_init(void);
 void profile_write_fork_child(void);
 

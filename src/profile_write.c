@@ -16,6 +16,43 @@
 #include "profile.h"
 #include "profile.pb-c.h"
 
+/* ---- zlib and protobuf-c, opened with dlopen when profiling starts (profile_writer_open), so that a process
+ * that does not profile maps neither (docs/design.md, "Resident size at start"). The generated code's own
+ * references to protobuf-c are weak (CMakeLists.txt) and never called: packing goes through lib.pack. */
+
+static struct {
+  __typeof__(deflateInit2_) *deflate_init;
+  __typeof__(deflate) *deflate;
+  __typeof__(deflateEnd) *deflate_end;
+  __typeof__(protobuf_c_message_pack_to_buffer) *pack;
+} lib;
+
+/* The one string the generated descriptors refer to, defined here rather than taken from libprotobuf-c. */
+const char protobuf_c_empty_string[] __attribute__((visibility("hidden"))) = "";
+
+#define LIB_SYMBOL(handle, field, name) (lib.field = (__typeof__(lib.field))dlsym(handle, name)) != NULL
+
+/* dlopen of soname, or NULL with dlerror's words copied to why (the next dl call may overwrite them). */
+static void *open_lib(const char *soname, char *why, size_t cap) {
+  void *h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+  const char *e = h ? NULL : dlerror();
+  if (e && why[0] == '\0') snprintf(why, cap, "%s", e);
+  return h;
+}
+
+void profile_writer_open(void) {
+  char why[256] = "";
+  void *z = open_lib("libz.so.1", why, sizeof why), *pb = open_lib("libprotobuf-c.so.1", why, sizeof why);
+  if (z && pb && LIB_SYMBOL(z, deflate_init, "deflateInit2_") && LIB_SYMBOL(z, deflate, "deflate") &&
+      LIB_SYMBOL(z, deflate_end, "deflateEnd") && LIB_SYMBOL(pb, pack, "protobuf_c_message_pack_to_buffer"))
+    return;
+  char line[512];
+  int n = snprintf(line, sizeof line, "threadheap: heap profiles need libz.so.1 and libprotobuf-c.so.1 (%s); "
+                   "none will be written\n", why[0] ? why : "a function is missing");
+  os_write_err(line, n > 0 && (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+  lib.pack = NULL;
+}
+
 /* ---- scratch memory: one mapping per profile, bump-allocated, zeroed by the kernel */
 
 typedef struct scratch_s {
@@ -252,7 +289,7 @@ static bool gz_pump(gz_out_t *g, int flush) {
   do {
     g->z.next_out = g->out;
     g->z.avail_out = (uInt)g->out_cap;
-    rc = deflate(&g->z, flush);
+    rc = lib.deflate(&g->z, flush);
     if (rc == Z_STREAM_ERROR) return g->ok = false;
     size_t have = g->out_cap - g->z.avail_out;
     if (have && !os_file_write(g->fd, g->out, have)) return g->ok = false;
@@ -275,6 +312,10 @@ static void gz_free(voidpf opaque, voidpf p) { (void)opaque, (void)p; }
 
 /* One profile of every stack's totals, written to path. 0, or -1 with errno set. */
 static int write_profile(const char *path) {
+  if (lib.pack == NULL) {
+    errno = ELIBACC; /* zlib or protobuf-c could not be loaded: said once, at start */
+    return -1;
+  }
   profile_peak_snapshot(true);
   size_t stacks = 0, frames = 0;
   for (profile_stack_t *s = profile_stacks(); s; s = s->all_next) stacks++, frames += s->depth;
@@ -360,18 +401,19 @@ static int write_profile(const char *path) {
   g.z.zalloc = gz_alloc;
   g.z.zfree = gz_free;
   g.z.opaque = &b.sc;
-  if (g.out == NULL || deflateInit2(&g.z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+  if (g.out == NULL || lib.deflate_init(&g.z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY,
+                                        ZLIB_VERSION, (int)sizeof g.z) != Z_OK)
     goto out;
   g.fd = os_file_create(path);
   if (g.fd < 0) {
     int e = errno;
-    deflateEnd(&g.z);
+    lib.deflate_end(&g.z);
     errno = e;
     goto out;
   }
-  perftools__profiles__profile__pack_to_buffer(&prof, &g.base);
+  lib.pack(&prof.base, &g.base);
   if (g.ok) gz_pump(&g, Z_FINISH);
-  deflateEnd(&g.z);
+  lib.deflate_end(&g.z);
   int e = errno;
   bool closed = os_file_close(g.fd);
   if (g.ok && closed) rc = 0;
@@ -538,7 +580,7 @@ static void leak_report(void) {
 
 void profile_done(void) {
   if (!th_profile_on) return;
-  if (th_options.profile_path) {
+  if (th_options.profile_path && lib.pack != NULL) { /* without zlib or protobuf-c: said at start */
     char path[4096 + 32];
     dump_path(path, sizeof path, 0);
     write_begin(true);

@@ -443,6 +443,30 @@ def dump_errors(tmp):
           "dump errors: a good dump after them works, and pprof reads it")
 
 
+def no_writer(tmp):
+    """Without zlib (a libz.so.1 that is not a library, found first on LD_LIBRARY_PATH): one line at start
+    naming the libraries, the program runs, th_profile_dump returns -1 with ELIBACC, and nothing is written."""
+    prog = os.path.join(BIN, "prog_profile")
+    bogus = os.path.join(tmp, "nolibz")
+    folder = os.path.join(tmp, "nowriter")
+    os.makedirs(bogus)
+    os.makedirs(folder)
+    with open(os.path.join(bogus, "libz.so.1"), "w") as f:
+        f.write("not a library\n")
+    env = {k: v for k, v in os.environ.items() if k != "THREADHEAP_LEAKS"}
+    env.update(THREADHEAP_PROFILE=os.path.join(folder, "exit.pb.gz"), THREADHEAP_PROFILE_RATE="64K",
+               PROFILE_DUMP=folder, LD_LIBRARY_PATH=bogus)
+    r = subprocess.run([prog, "dump_errors", "on"], env=env, capture_output=True, text=True, timeout=240)
+    check(r.returncode == 0, "no writer: the program runs" + tail(r.returncode, r.stdout, r.stderr))
+    lines = r.stderr.splitlines()
+    check(len(lines) == 1 and lines[0].startswith("threadheap: heap profiles need libz.so.1 and libprotobuf-c.so.1")
+          and "none will be written" in lines[0], f"no writer: one line on stderr says why ({lines})")
+    good = re.search(r"^case good rc (-?\d+) errno (\d+)$", r.stdout, re.M)
+    check(good is not None and (int(good.group(1)), int(good.group(2))) == (-1, errno.ELIBACC),
+          f"no writer: th_profile_dump returns -1, errno ELIBACC ({good and good.groups()})")
+    check(os.listdir(folder) == [], f"no writer: nothing written ({os.listdir(folder)})")
+
+
 def main():
     if GO is None:
         print("test_profile: go (Debian's golang-go) is needed to read the profiles")
@@ -462,6 +486,7 @@ def main():
         signals(tmp)
         dump_threads(tmp)
         dump_errors(tmp)
+        no_writer(tmp)
     print(f"{len(failures)} failed")
     return 1 if failures else 0
 
