@@ -937,8 +937,11 @@ def test_live_view_under_tmux(tmp_path, prog_top):
                                                                              target.pid), tmp_path)
                 assert "sleep 30" in wait_screen(sock, lambda s: "sleep 30" in s, 10, "exit")
                 short.kill()
-                screen = wait_screen(sock, lambda s: "exited" in s, 10, "exit")
-                assert f"process {short.pid} (sleep) exited" in screen, screen
+                # The whole message, not just "exited": the table's row says it first, and a capture can
+                # land while the frame is still being drawn.
+                gone = f"process {short.pid} (sleep) exited"
+                screen = wait_screen(sock, lambda s: gone in s, 10, "exit")
+                assert gone in screen, screen
                 tmux(sock, "send-keys", "-t", "exit", "q")
                 assert wait_file(status_file, 10) == "0"
                 assert err_file.read_text().strip() == f"threadheap top: process {short.pid} (sleep) exited"
