@@ -110,17 +110,42 @@ static void unmap_chain(th_segment_t *seg) {
   }
 }
 
-/* A cached segment of at least size bytes and not much more; NULL if none. */
+/* A cached segment for a request of size bytes; NULL if none. First one of at least size bytes and not
+ * much more, taken as it is. Failing that, the smallest larger one is split: its first size bytes serve the
+ * request and the rest stays cached as a segment of its own (a segment is any 4 MiB-aligned range with a
+ * header at its start: splitting is bookkeeping, no system call). Its memory is resident, so the request
+ * takes no fault and no kernel zeroing, where a cache of near sizes alone missed whenever a program's large
+ * blocks varied in size, and mapped fresh memory beside what it held (tcmalloc's page heap splits its free
+ * spans the same way; docs/design.md, "Large blocks and purging"). */
 static th_segment_t *cache_take(size_t size) {
   if (atomic_load_explicit(&cache_count, memory_order_relaxed) == 0) return NULL;
-  th_segment_t *found = NULL;
+  th_segment_t *found = NULL, *larger = NULL;
   if (!th_lock_unless_fork(&cache_lock)) return NULL;
   for (th_segment_t *s = cache_first; s; s = s->next) {
     if (s->size >= size && s->size <= size + size / 4) {
       found = s;
       if (s->size == size) break;
+    } else if (s->size > size && (larger == NULL || s->size < larger->size)) {
+      larger = s;
     }
   }
+  if (found == NULL && larger != NULL) {
+    found = larger;
+    th_segment_t *rest = (th_segment_t *)((uint8_t *)larger + size);
+    size_t rest_size = larger->size - size;
+    vg_defined(rest, sizeof *rest);
+    memset(rest, 0, sizeof *rest);
+    rest->size = rest_size;
+    rest->cached_since_ms = larger->cached_since_ms;
+    rest->in_cache = 1;
+    segment_map_set(rest, rest_size, true); /* its regions now point back to it, not to larger */
+    rest->prev = larger;
+    rest->next = larger->next;
+    if (larger->next) larger->next->prev = rest;
+    larger->next = rest;
+    larger->size = size;
+    atomic_fetch_add_explicit(&cache_count, 1, memory_order_relaxed); /* cache_bytes: unchanged, until */
+  }                                                                      /* the head leaves below */
   if (found) cache_unlink(found);
   th_unlock(&cache_lock);
   return found;
@@ -163,6 +188,18 @@ void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched
   for (size_t i = 0; i < pages; i++) seg->pages[i].is_purged = untouched;
 }
 
+/* The cache's byte cap when a segment of `size` bytes enters it: THREADHEAP_CACHE_MAX, but never more than
+ * the heaps held committed with that segment still in use (and always CACHE_FLOOR). The cache serves a
+ * program's swings in memory: holding more than the program itself does is a waste, while a program that
+ * frees and allocates one large buffer again and again keeps it cached whatever its size (docs/design.md,
+ * "Large blocks and purging"). */
+#define CACHE_FLOOR ((size_t)64 << 20)
+static size_t cache_limit(size_t size) {
+  size_t held = atomic_load_explicit((_Atomic(size_t) *)&th_stats_global.committed, memory_order_relaxed) + size;
+  size_t cap = held > CACHE_FLOOR ? held : CACHE_FLOOR;
+  return cap < (size_t)th_options.cache_max ? cap : (size_t)th_options.cache_max;
+}
+
 /* Give a segment with no live block back: into the cache, or to the OS when the cache cannot hold it. */
 void segment_release(th_segment_t *seg) {
   if (seg->is_sampled) segment_set_sampled(seg, false);
@@ -177,6 +214,21 @@ void segment_release(th_segment_t *seg) {
     segment_unmap(seg);
     return;
   }
+  size_t released = seg->size;
+  /* Cached neighbours merge with it: no two cached segments touch, so a request up to their sum takes them
+   * as one (or split). A segment is any aligned range with a header at its start: bookkeeping only. */
+  bool merged = false;
+  for (th_segment_t *s = cache_first, *next; s; s = next) {
+    next = s->next;
+    if ((uint8_t *)s + s->size == (uint8_t *)seg || (uint8_t *)seg + seg->size == (uint8_t *)s) {
+      cache_unlink(s);
+      size_t total = s->size + seg->size;
+      if (s < seg) seg = s;
+      seg->size = total;
+      merged = true;
+    }
+  }
+  if (merged) segment_map_set(seg, seg->size, true);
   seg->cached_since_ms = os_now_ms();
   seg->in_cache = 1;
   seg->prev = NULL;
@@ -188,7 +240,8 @@ void segment_release(th_segment_t *seg) {
   /* Read before the unlock: from then on another thread may take the segment. */
   uint64_t due = seg->cached_since_ms + (uint64_t)th_options.purge_delay;
   stats_cached((long)seg->size);
-  while (cache_bytes > (size_t)th_options.cache_max) {
+  size_t limit = cache_limit(released);
+  while (cache_bytes > limit) {
     th_segment_t *last = cache_first;
     while (last->next) last = last->next;
     cache_unlink(last);

@@ -1,7 +1,11 @@
 /* test_large.c: a program that repeatedly allocates a large block, writes all of it and frees it must
  * not pay a page fault per page each time. threadheap keeps freed huge blocks committed in its cache, so
  * after a few warm-up rounds the same memory comes back already mapped: the minor page faults per round
- * (getrusage) must stay below 1% of the block's pages. The cache hits counter must rise meanwhile. */
+ * (getrusage) must stay below 1% of the block's pages. The cache hits counter must rise meanwhile.
+ *
+ * split_merge: the cache serves a request of another size from what it holds. A freed 24 MiB block is split
+ * for an 8 MiB request (the rest, 16 MiB, stays cached and serves the next), and the two merge again when
+ * freed, so a 24 MiB request takes them whole: no new mapping all along, every byte written and read back. */
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -47,7 +51,49 @@ static void run(size_t size) {
             st1.cache_hits);
 }
 
+/* A request whose huge block spans exactly n MiB of segments (its header and alignment fit in the 64 KiB). */
+static size_t spanning(size_t n) { return n * MiB - 64 * 1024; }
+
+static int fill_check(unsigned char *p, size_t size, unsigned char seed) {
+  for (size_t i = 0; i < size; i += 4096) p[i] = (unsigned char)(seed + i / 4096);
+  int ok = 1;
+  for (size_t i = 0; i < size; i += 4096) ok &= p[i] == (unsigned char)(seed + i / 4096);
+  return ok;
+}
+
+static void split_merge(void) {
+  unsigned char *big = th_malloc(spanning(24));
+  if (!CHECK(big != NULL)) return;
+  CHECK(fill_check(big, spanning(24), 1));
+  th_free(big);
+  th_stats_t st0, st1, st2;
+  th_stats_get(&st0);
+  unsigned char *x = th_malloc(spanning(8));  /* the head of the cached 24 MiB */
+  unsigned char *y = th_malloc(spanning(16)); /* its rest */
+  if (!CHECK(x != NULL && y != NULL)) return;
+  th_stats_get(&st1);
+  CHECK_MSG(st1.os_maps == st0.os_maps, "split: %zu new mappings", st1.os_maps - st0.os_maps);
+  CHECK_MSG(st1.cache_hits == st0.cache_hits + 2, "split: cache hits +%zu", st1.cache_hits - st0.cache_hits);
+  CHECK_MSG(st0.cached - st1.cached == 24 * MiB, "split: cached %zu -> %zu", st0.cached, st1.cached);
+  CHECK_MSG(x == big && y == big + 8 * MiB, "split: %p and %p from %p", (void *)x, (void *)y, (void *)big);
+  CHECK(th_usable_size(x) >= spanning(8) && th_usable_size(x) < 8 * MiB);
+  CHECK(th_usable_size(y) >= spanning(16) && th_usable_size(y) < 16 * MiB);
+  CHECK(fill_check(x, spanning(8), 2) && fill_check(y, spanning(16), 3));
+  CHECK(fill_check(x, spanning(8), 2)); /* y's writes stayed out of x */
+  th_free(y);
+  th_free(x);
+  unsigned char *z = th_malloc(spanning(24)); /* the two, merged */
+  th_stats_get(&st2);
+  CHECK_MSG(z == big, "merge: %p, not %p", (void *)z, (void *)big);
+  CHECK_MSG(st2.os_maps == st0.os_maps, "merge: %zu new mappings", st2.os_maps - st0.os_maps);
+  CHECK(z != NULL && fill_check(z, spanning(24), 4));
+  th_free(z);
+  printf("split and merge: 24 MiB served 8 + 16 MiB, then 24 MiB again, %zu new mappings\n",
+         st2.os_maps - st0.os_maps);
+}
+
 int main(void) {
+  split_merge();
   run(16 * MiB);
   run(8 * MiB);
   run(40 * MiB);
