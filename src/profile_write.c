@@ -21,6 +21,7 @@
  * references to protobuf-c are weak (CMakeLists.txt) and never called: packing goes through lib.pack. */
 
 static struct {
+  /* pack is looked up last, so it is set only when everything is: it says whether profiles can be written */
   __typeof__(deflateInit2_) *deflate_init;
   __typeof__(deflate) *deflate;
   __typeof__(deflateEnd) *deflate_end;
@@ -50,7 +51,6 @@ void profile_writer_open(void) {
   int n = snprintf(line, sizeof line, "threadheap: heap profiles need libz.so.1 and libprotobuf-c.so.1 (%s); "
                    "none will be written\n", why[0] ? why : "a function is missing");
   os_write_err(line, n > 0 && (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
-  lib.pack = NULL;
 }
 
 /* ---- scratch memory: one mapping per profile, bump-allocated, zeroed by the kernel */

@@ -144,8 +144,9 @@ static th_segment_t *cache_take(size_t size) {
     if (larger->next) larger->next->prev = rest;
     larger->next = rest;
     larger->size = size;
-    atomic_fetch_add_explicit(&cache_count, 1, memory_order_relaxed); /* cache_bytes: unchanged, until */
-  }                                                                      /* the head leaves below */
+    /* One more entry; cache_bytes stays, and loses the head's size when it leaves below. */
+    atomic_fetch_add_explicit(&cache_count, 1, memory_order_relaxed);
+  }
   if (found) cache_unlink(found);
   th_unlock(&cache_lock);
   return found;

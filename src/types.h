@@ -258,8 +258,9 @@ struct th_heap_s {
   th_heap_t *shard[TH_SHARDS_MAX];
   th_page_t *direct_medium[TH_DIRECT_MEDIUM_SLOTS]; /* slots 0..TH_DIRECT_MAX/256 are never read */
   th_page_t *direct_large[TH_DIRECT_LARGE_SLOTS];   /* slots 0..TH_MEDIUM_MAX/16384 are never read */
-  /* While profiling, the heap's sampling state (profile.c), from its first slow path to its end (thread
-   * exit, th_heap_destroy); NULL otherwise, which heap_malloc_queue tests. */
+  /* While profiling, the heap's sampling state (profile.c), from its first slow path (for the thread that
+   * starts profiling, from then) to its end (thread exit, th_heap_destroy); NULL otherwise, which
+   * heap_malloc_queue tests. */
   th_sampler_t *sampler;
   /* Last, and kept across heap_init: readers may read them while the struct is reused. flow is zeroed when
    * folded (attribution_fold). */
