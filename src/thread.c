@@ -181,7 +181,21 @@ void thread_struct_free(th_heap_t *heap) {
  * fork_pending counts the forks whose prepare handler has begun and whose parent or child handler has not
  * run: while it is not zero, threads do not wait for the locks th_lock_unless_fork takes (see there). A fork
  * from inside the window (a fork handler the program registered before threadheap's, which runs while the
- * forking thread holds every lock) only counts its depth: the locks stay held for the outer fork. */
+ * forking thread holds every lock) only counts its depth: the locks stay held for the outer fork.
+ *
+ * The stdio list lock comes first. glibc's fork takes it after the prepare handlers, and a thread in
+ * fflush(NULL) holds it while it waits for each FILE's lock, which a thread in getline holds while realloc
+ * grows its buffer. The ordinary allocation paths never wait for a lock during a fork (th_lock_unless_fork),
+ * but an explicit heap's shard and huge-block locks have nothing to fall back on: a getline buffer from a
+ * serialized heap must wait for them. Holding the list lock before them puts threadheap's locks after stdio's,
+ * where glibc's own malloc takes its arena locks: a thread inside stdio that waits for a threadheap lock then
+ * holds nothing the forking thread still needs. The lock is recursive (glibc's fork takes it again); the
+ * parent releases it once more, and the child resets it, as glibc does for its own. Where libc has no such
+ * lock (the weak references are null), only the ordinary paths are safe. */
+
+extern void _IO_list_lock(void) __attribute__((weak));
+extern void _IO_list_unlock(void) __attribute__((weak));
+extern void _IO_list_resetlock(void) __attribute__((weak));
 
 _Atomic(uintptr_t) thread_fork_owner;
 static _Atomic(unsigned) fork_pending;
@@ -227,6 +241,7 @@ static void fork_prepare(void) {
     fork_depth++;
     return;
   }
+  if (_IO_list_lock && _IO_list_unlock && _IO_list_resetlock) _IO_list_lock();
   unsigned level = ++fork_level;
   atomic_fetch_add_explicit(&fork_pending, 1, memory_order_acq_rel);
   thread_lock_for_fork(&heaps_lock, level);
@@ -246,6 +261,7 @@ static void fork_parent(void) {
   explicit_unlock_all(level, false);
   thread_unlock_after_fork(&heaps_lock, level, false);
   atomic_fetch_sub_explicit(&fork_pending, 1, memory_order_acq_rel);
+  if (_IO_list_lock && _IO_list_unlock && _IO_list_resetlock) _IO_list_unlock();
 }
 
 static void fork_child(void) {
@@ -258,6 +274,7 @@ static void fork_child(void) {
   segment_unlock_all(level, true);
   explicit_unlock_all(level, true);
   thread_unlock_after_fork(&heaps_lock, level, true);
+  if (_IO_list_lock && _IO_list_unlock && _IO_list_resetlock) _IO_list_resetlock();
   /* A fork inside another's prepare (from a signal handler) leaves the outer prepare to finish: it still
    * counts as pending. */
   atomic_store_explicit(&fork_pending, fork_level, memory_order_relaxed);

@@ -14,7 +14,11 @@
  *
  * Then nested forks: a prepare handler registered before any library's (from .preinit_array, so it runs after
  * threadheap's, while threadheap holds its locks) forks too, and both children allocate huge and small
- * blocks; the stdio threads keep running. */
+ * blocks; the stdio threads keep running.
+ *
+ * Built with TH_FORK_HEAP, the line buffers come from one serialized explicit heap (th_heap_malloc, then grown
+ * by getline's realloc inside the heap), whose shard and huge-block locks fork must hold for the child's
+ * copy of the heap to be whole; the children allocate from that heap too. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -27,6 +31,10 @@
 #include <unistd.h>
 
 #include "check.h"
+#ifdef TH_FORK_HEAP
+#include "threadheap.h"
+static th_heap_t *shared_heap;
+#endif
 
 #define READERS 3
 #define LINES 4
@@ -48,6 +56,10 @@ static void *reader(void *arg) {
     }
     char *buf = NULL;
     size_t cap = 0;
+#ifdef TH_FORK_HEAP
+    cap = 100;
+    buf = th_heap_malloc(shared_heap, cap);
+#endif
     for (int l = 0; l < LINES; l++) {
       ssize_t n = getline(&buf, &cap, f);
       size_t want = line_length(r, l);
@@ -79,6 +91,13 @@ static int churn(void) {
     memset(p, 0x5a, size);
     bad += p[size - 1] != 0x5a;
     free(p);
+#ifdef TH_FORK_HEAP
+    p = th_heap_malloc(shared_heap, size);
+    if (p == NULL) return 1;
+    memset(p, 0xa5, size);
+    bad += p[0] != 0xa5 || p[size - 1] != 0xa5;
+    free(p);
+#endif
   }
   return bad;
 }
@@ -119,6 +138,10 @@ static void on_alarm(int sig) {
 int main(int argc, char **argv) {
   int forks = argc > 1 ? atoi(argv[1]) : 200;
   signal(SIGALRM, on_alarm);
+#ifdef TH_FORK_HEAP
+  shared_heap = th_heap_create(0, 0, 0);
+  if (!CHECK(shared_heap != NULL)) return check_summary();
+#endif
   for (int r = 0; r < READERS; r++) {
     snprintf(paths[r], sizeof paths[r], "/tmp/th_fork_stdio.%d.%d", (int)getpid(), r);
     FILE *f = fopen(paths[r], "w");
@@ -147,6 +170,9 @@ int main(int argc, char **argv) {
   for (int r = 0; r <= READERS; r++) pthread_join(t[r], NULL);
   alarm(0);
   for (int r = 0; r < READERS; r++) unlink(paths[r]);
+#ifdef TH_FORK_HEAP
+  th_heap_destroy(shared_heap);
+#endif
 
   CHECK_MSG(children_bad == 0, "%d of %d children failed", children_bad, forks + nested_forks);
   CHECK_MSG(atomic_load(&nested_done) == nested_forks && atomic_load(&nested_bad) == 0,
