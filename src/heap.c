@@ -214,6 +214,7 @@ void heap_purge(th_heap_t *heap, bool force) {
     uintptr_t lo = align_up((uintptr_t)area, ps), hi = ((uintptr_t)area + size) & ~(uintptr_t)(ps - 1);
     if (hi > lo) os_purge((void *)lo, hi - lo);
     page->is_purged = 1;
+    page->is_zero = lo == (uintptr_t)area && hi == (uintptr_t)area + size;
   }
   /* The process-wide cache keeps its own clock even when this heap purges everything (thread exit):
    * other threads' large blocks stay cached. th_collect empties it. */

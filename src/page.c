@@ -44,6 +44,8 @@ void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_id
   __atomic_store_n(&page->capacity, 0, __ATOMIC_RELAXED);
   page->used_word = 0;
   page->tail_fresh = page->is_purged; /* untouched since mapped, or purged since last used */
+  page->zero_blocks = page->is_zero;
+  page->is_zero = 0; /* the slot is in use now: its memory will be written */
   page->free = page->local_free = NULL;
   page->class_idx = (uint8_t)class_idx;
   page->in_full = 0;

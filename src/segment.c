@@ -186,7 +186,7 @@ void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched
                   : kind == TH_KIND_LARGE ? TH_SEGMENT_SHIFT : 63;
   seg->page_count = (uint32_t)pages;
   seg->is_zero = untouched;
-  for (size_t i = 0; i < pages; i++) seg->pages[i].is_purged = untouched;
+  for (size_t i = 0; i < pages; i++) seg->pages[i].is_purged = seg->pages[i].is_zero = untouched;
 }
 
 /* The cache's byte cap when a segment of `size` bytes enters it: THREADHEAP_CACHE_MAX, but never more than

@@ -135,6 +135,12 @@ typedef struct th_page_s {
   uint8_t interior_purged; /* heap_purge returned the insides of the free blocks (see idle_free) */
   uint32_t committed;     /* bytes of this page counted as committed (carved bytes rounded to OS pages) */
   uint8_t tail_fresh;     /* the uncarved rest of the page is fresh from the OS (page_extend counts fresh bytes) */
+  /* The slot's whole area reads as zero: fresh from the OS, or purged from its first byte to its last (is_purged
+   * alone allows unpurged partial OS pages at the ends). page_init moves it to zero_blocks and clears it. */
+  uint8_t is_zero;
+  /* Every block carved from this page was zero when carved, so one never handed out (a free-list block whose
+   * tag is still 0: every free tags the block) is zero but for its link word: th_calloc skips its memset. */
+  uint8_t zero_blocks;
   _Atomic(uintptr_t) thread_free;  /* remote frees: a block stack, its length and a state (see TH_TF_*) */
   struct th_page_s *next, *prev;   /* heap queue, full queue or purge queue */
   struct th_page_s *ready_next;    /* link on heap->ready (pushed by a remote thread) */

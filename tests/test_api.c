@@ -4,6 +4,7 @@
  * and failure, usable sizes, errno preservation by free, and huge reallocs that move no bytes. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -302,6 +303,49 @@ static void test_calloc(void) {
   th_free(z);
 }
 
+/* calloc may skip its memset only for a block never handed out from memory that was zero when carved.
+ * Blocks dirtied here come back by every other way a block returns: freed by another thread (collected
+ * onto the page later), and from page slots emptied and purged (th_collect), whose memory is zero again
+ * except, where the slot does not start or end on an OS page, the unpurged bytes at its ends. */
+enum { REMOTE_N = 3000 };
+static void *remote_blocks[REMOTE_N];
+static void *free_remote_blocks(void *arg) {
+  (void)arg;
+  for (int i = 0; i < REMOTE_N; i++) th_free(remote_blocks[i]);
+  return NULL;
+}
+
+static void test_calloc_returned_blocks(void) {
+  static const size_t sizes[] = {16, 80, 1000, 3000, 24000};
+  for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+    size_t n = sizes[s], bad = 0;
+    for (int i = 0; i < REMOTE_N; i++) {
+      remote_blocks[i] = th_malloc(n);
+      if (remote_blocks[i]) memset(remote_blocks[i], 0x5c, th_usable_size(remote_blocks[i]));
+    }
+    pthread_t t;
+    if (!CHECK(pthread_create(&t, NULL, free_remote_blocks, NULL) == 0)) return;
+    pthread_join(t, NULL);
+    for (int i = 0; i < REMOTE_N; i++) {
+      remote_blocks[i] = th_calloc(1, n);
+      bad += remote_blocks[i] == NULL || !check_all_zero(remote_blocks[i], n);
+    }
+    CHECK_MSG(bad == 0, "calloc(1, %zu) after remote frees: %zu of %d blocks not zero", n, bad, REMOTE_N);
+    for (int i = 0; i < REMOTE_N; i++) {
+      if (remote_blocks[i]) memset(remote_blocks[i], 0xc5, n);
+      th_free(remote_blocks[i]);
+    }
+    th_collect(); /* empty pages go back, and their slots are purged */
+    bad = 0;
+    for (int i = 0; i < REMOTE_N; i++) {
+      remote_blocks[i] = th_calloc(n, 1);
+      bad += remote_blocks[i] == NULL || !check_all_zero(remote_blocks[i], n);
+    }
+    CHECK_MSG(bad == 0, "calloc(%zu, 1) from purged page slots: %zu of %d blocks not zero", n, bad, REMOTE_N);
+    for (int i = 0; i < REMOTE_N; i++) th_free(remote_blocks[i]);
+  }
+}
+
 static void test_realloc_contents(void) {
   static const size_t steps[] = {16, 17, 40, 100, 128, 129, 700, 1024, 4000, 8192, 9000, 40000, 65536,
                                  70000, 200 * KiB, 600 * KiB, MiB, MiB + 1, 3 * MiB, 4 * MiB + 16,
@@ -493,6 +537,7 @@ int main(void) {
   test_posix_memalign_einval();
   test_memalign_rounding();
   test_calloc();
+  test_calloc_returned_blocks();
   test_realloc_contents();
   test_usable_size();
   test_free_null_and_errno();
