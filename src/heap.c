@@ -172,6 +172,25 @@ static void heap_purge_idle_page(th_page_t *page, uint64_t now, uint64_t delay, 
   page->interior_purged = 1;
 }
 
+/* The free page slots on the purge queue (oldest first) that have been free for the delay, or all of them
+ * with force, are returned to the OS. */
+static void heap_purge_slots(th_heap_t *heap, uint64_t now, bool force) {
+  uint64_t delay = (uint64_t)th_options.purge_delay;
+  while (heap->purge.first && (force || now - heap->purge.first->free_since_ms >= delay)) {
+    th_page_t *page = heap->purge.first;
+    heap_queue_remove(heap, &heap->purge, page);
+    page->purge_pending = 0;
+    th_segment_t *seg = segment_of_page(page);
+    size_t size;
+    uint8_t *area = page_area(seg, (size_t)(page - seg->pages), &size);
+    size_t ps = os_page_size();
+    uintptr_t lo = align_up((uintptr_t)area, ps), hi = ((uintptr_t)area + size) & ~(uintptr_t)(ps - 1);
+    if (hi > lo) os_purge((void *)lo, hi - lo);
+    page->is_purged = 1;
+    page->is_zero = lo == (uintptr_t)area && hi == (uintptr_t)area + size;
+  }
+}
+
 /* Return memory unused for the purge delay (everything with force): free page slots are purged, kept empty
  * pages are freed, the free blocks of idle pages in use are purged inside, and the process-wide segment
  * cache is trimmed. Runs on slow paths only. */
@@ -203,19 +222,7 @@ void heap_purge(th_heap_t *heap, bool force) {
       }
     }
   }
-  while (heap->purge.first && (force || now - heap->purge.first->free_since_ms >= delay)) {
-    th_page_t *page = heap->purge.first;
-    heap_queue_remove(heap, &heap->purge, page);
-    page->purge_pending = 0;
-    th_segment_t *seg = segment_of_page(page);
-    size_t size;
-    uint8_t *area = page_area(seg, (size_t)(page - seg->pages), &size);
-    size_t ps = os_page_size();
-    uintptr_t lo = align_up((uintptr_t)area, ps), hi = ((uintptr_t)area + size) & ~(uintptr_t)(ps - 1);
-    if (hi > lo) os_purge((void *)lo, hi - lo);
-    page->is_purged = 1;
-    page->is_zero = lo == (uintptr_t)area && hi == (uintptr_t)area + size;
-  }
+  heap_purge_slots(heap, now, force);
   /* The process-wide cache keeps its own clock even when this heap purges everything (thread exit):
    * other threads' large blocks stay cached. th_collect empties it. */
   segment_cache_purge(false);
@@ -244,6 +251,24 @@ void heap_collect_remote(th_heap_t *heap) {
       if (page_is_empty(page)) page_free_empty(heap, page);
     }
   }
+}
+
+/* Thread exit, before the segments are abandoned: every empty page goes back to its segment (segments left
+ * with no page go to the cache, on its clock), and the slots free for the delay are purged. Slots freed more
+ * recently stay committed and leave the purge queue: the heap that adopts their segment, often the thread
+ * that replaces this one, gets them without page faults and purges them on its own clock
+ * (segment_try_adopt queues them). Purging them here cost a program that starts and ends threads all the
+ * time a page fault per 4 KiB its next threads carved. */
+void heap_exit(th_heap_t *heap) {
+  if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap);
+  heap_collect_remote(heap);
+  heap_purge_slots(heap, os_now_ms(), false);
+  while (heap->purge.first) {
+    th_page_t *page = heap->purge.first;
+    heap_queue_remove(heap, &heap->purge, page);
+    page->purge_pending = 0; /* free_since_ms stays: the adopter's clock starts from it */
+  }
+  segment_cache_purge(false);
 }
 
 /* Everything that can be given back now: the above, then every free page slot purged. */

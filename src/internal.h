@@ -80,6 +80,7 @@ void heap_collect_ready(th_heap_t *heap);
 void heap_purge(th_heap_t *heap, bool force);
 void heap_collect_remote(th_heap_t *heap);
 void heap_collect(th_heap_t *heap);
+void heap_exit(th_heap_t *heap);
 void heap_free_local(th_heap_t *heap, th_page_t *page);
 void heap_free_tick(th_heap_t *heap, th_page_t *page);
 

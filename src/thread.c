@@ -149,7 +149,7 @@ static void thread_done(void *arg) {
   profile_heap_end(heap);
   /* After this no remote free can name the heap: full pages go back to NORMAL first. */
   for (th_page_t *page = heap->full.first; page; page = page->next) page_clear_delay(page);
-  heap_collect(heap);
+  heap_exit(heap);
   for (size_t k = 0; k < TH_KINDS_PAGED; k++) {
     th_segment_t *seg = heap->segments[k];
     while (seg) {
