@@ -172,11 +172,10 @@ static void heap_purge_idle_page(th_page_t *page, uint64_t now, uint64_t delay, 
   page->interior_purged = 1;
 }
 
-/* The free page slots on the purge queue (oldest first) that have been free for the delay, or all of them
- * with force, are returned to the OS. */
-static void heap_purge_slots(th_heap_t *heap, uint64_t now, bool force) {
-  uint64_t delay = (uint64_t)th_options.purge_delay;
-  while (heap->purge.first && (force || now - heap->purge.first->free_since_ms >= delay)) {
+/* The free page slots on the purge queue (oldest first) that have been free for at least age ms are returned
+ * to the OS. */
+static void heap_purge_slots(th_heap_t *heap, uint64_t now, uint64_t age) {
+  while (heap->purge.first && now - heap->purge.first->free_since_ms >= age) {
     th_page_t *page = heap->purge.first;
     heap_queue_remove(heap, &heap->purge, page);
     page->purge_pending = 0;
@@ -222,7 +221,7 @@ void heap_purge(th_heap_t *heap, bool force) {
       }
     }
   }
-  heap_purge_slots(heap, now, force);
+  heap_purge_slots(heap, now, force ? 0 : delay);
   /* The process-wide cache keeps its own clock even when this heap purges everything (thread exit):
    * other threads' large blocks stay cached. th_collect empties it. */
   segment_cache_purge(false);
@@ -254,15 +253,16 @@ void heap_collect_remote(th_heap_t *heap) {
 }
 
 /* Thread exit, before the segments are abandoned: every empty page goes back to its segment (segments left
- * with no page go to the cache, on its clock), and the slots free for the delay are purged. Slots freed more
- * recently stay committed and leave the purge queue: the heap that adopts their segment, often the thread
- * that replaces this one, gets them without page faults and purges them on its own clock
- * (segment_try_adopt queues them). Purging them here cost a program that starts and ends threads all the
- * time a page fault per 4 KiB its next threads carved. */
+ * with no page go to the cache, on its clock). The slots freed in the last eighth of the purge delay stay
+ * committed and leave the purge queue: the heap that adopts their segment, often the thread that replaces
+ * this one, gets them without page faults and purges them on its own clock (segment_try_adopt queues
+ * them); older ones are purged now. Purging them all cost a program that starts and ends threads all the
+ * time a page fault per 4 KiB its next threads carved; keeping every slot of the delay held up to 25% more
+ * memory where 8 threads kept exiting (docs/design.md, "Thread exit and adoption"). */
 void heap_exit(th_heap_t *heap) {
   if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap);
   heap_collect_remote(heap);
-  heap_purge_slots(heap, os_now_ms(), false);
+  heap_purge_slots(heap, os_now_ms(), (uint64_t)th_options.purge_delay / 8);
   while (heap->purge.first) {
     th_page_t *page = heap->purge.first;
     heap_queue_remove(heap, &heap->purge, page);

@@ -2,8 +2,8 @@
  *
  * Thread A carves about 2 MiB of 1000-byte blocks, writes them, frees all but one (so its segment stays with
  * its pages' slots rather than going to the cache whole) and exits. Thread B then allocates the same blocks
- * and writes them. B adopts A's segment before mapping one of its own; the slots A freed within the purge
- * delay are still committed, so B's writes take (almost) no page faults, where purging them at A's exit cost
+ * and writes them. B adopts A's segment before mapping one of its own; the slots A freed in the last eighth
+ * of the purge delay are still committed, so B's writes take (almost) no page faults, where purging them at A's exit cost
  * one fault per 4 KiB. B checks what it wrote, and the one block A left is freed by main, contents checked. */
 #define _GNU_SOURCE
 #include <pthread.h>
