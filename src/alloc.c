@@ -28,7 +28,7 @@ TH_API void *th_calloc(size_t count, size_t size) {
   if (total > TH_LARGE_MAX) return huge_alloc(NULL, total, 16, true);
   /* A block never handed out, from a page whose memory was zero when it was carved, is zero but for its link
    * word: the memset would only write zeros over zeros (and fault in pages the program may never touch). */
-  th_page_t *page = heap_direct_page(th_heap_tls, total);
+  th_page_t *page = heap_page_for_size(th_heap_tls, total);
   th_block_t *b = page->free;
   if (b != NULL && page->zero_blocks && b->tag == 0) {
     b = page_pop(page);
