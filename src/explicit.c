@@ -130,8 +130,10 @@ TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max
       errno = ENOMEM;
       return NULL;
     }
-    size_t n = initial_size - done < TH_SEGMENT_SIZE ? initial_size - done : TH_SEGMENT_SIZE;
-    os_commit(seg, align_up(n, os_page_size()));
+    /* The header's pages were touched by segment_init: commit the rest. */
+    size_t ps = os_page_size(), head = align_up(segment_header_size(TH_SEGMENT_SIZE >> TH_SMALL_PAGE_SHIFT), ps);
+    size_t n = align_up(initial_size - done < TH_SEGMENT_SIZE ? initial_size - done : TH_SEGMENT_SIZE, ps);
+    if (n > head) os_commit((uint8_t *)seg + head, n - head);
     atomic_store_explicit(&seg->thread_id, heap->thread_id, memory_order_relaxed);
     atomic_store_explicit(&seg->heap, heap, memory_order_relaxed);
     seg->is_pinned = 1;

@@ -5,18 +5,6 @@
 #include "internal.h"
 #include "os.h"
 
-/* Is p the start of a block the page has carved? One multiply and a rotate (see th_page_t.block_inv): the
- * index it gives is below capacity only for a block start. */
-static inline bool page_is_block(const th_page_t *page, const void *p) {
-  uint64_t x = (uint64_t)((const uint8_t *)p - page->start) * page->block_inv;
-  unsigned k = page->block_shift;
-  uint64_t idx = (x >> k) | (x << ((64 - k) & 63));
-  /* capacity grows under the owner while other threads free: a relaxed atomic load (a plain mov). */
-  return idx < __atomic_load_n(&page->capacity, __ATOMIC_RELAXED);
-}
-
-static inline uintptr_t free_tag(const void *block) { return th_key ^ (uintptr_t)block; }
-
 /* A free by the owner: pushed on the page's free list, so the next malloc of the class gets it back while it
  * is still in cache (LIFO, like a per-thread cache), instead of a block freed long ago (docs/design.md, "Free
  * lists and remote frees", has the measurements). Tagged free and counted; no lock, no atomic. */
@@ -174,7 +162,7 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
   th_block_t *b = (th_block_t *)(u - rem);
   /* An interior pointer, unless aligned allocation handed it out. */
   if (rem != 0 && !handed_out_aligned(page, p, rem))
-    report_misuse(TH_MISUSE_INTERIOR, op, p, b, page->block_size);
+    report_misuse(TH_MISUSE_INTERIOR, op, p, b, free_usable_size(page, b));
   if (th_unlikely(b->tag == free_tag(b))) {
     bool freed;
     if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id()) {

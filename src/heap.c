@@ -345,31 +345,38 @@ TH_NOINLINE void *heap_malloc_slow(th_heap_t *heap, size_t size) {
   return heap_malloc_fill(heap, size);
 }
 
-/* The rest of the slow path: a huge block, or a page of the class with a free block, and its first block.
- * profile_malloc calls it for the allocations it does not sample. */
-void *heap_malloc_fill(th_heap_t *heap, size_t size) {
-  if (size > TH_LARGE_MAX) {
-    th_heap_t *owner = heap_is_explicit(heap) ? heap : NULL;
-    void *p = huge_alloc(owner, size, 16, false);
-    if (p == NULL && owner == NULL) { /* out of address space: empty pages may give segments back */
-      heap_collect_remote(heap);
-      p = huge_alloc(owner, size, 16, false);
-    }
-    /* A program of huge blocks (alloc, touch, free) is seen with its block live: publish after it. */
-    if (th_unlikely(th_options.stats_interval != 0)) export_tick(os_now_ms());
-    return p;
+/* A huge block for the heap (an explicit heap's own, or nobody's for a thread heap). */
+void *heap_malloc_huge(th_heap_t *heap, size_t size) {
+  th_heap_t *owner = heap_is_explicit(heap) ? heap : NULL;
+  void *p = huge_alloc(owner, size, 16, false);
+  if (p == NULL && owner == NULL) { /* out of address space: empty pages may give segments back */
+    heap_collect_remote(heap);
+    p = huge_alloc(owner, size, 16, false);
   }
-  th_page_t *page = heap_find_page(heap, size_class(size));
+  /* A program of huge blocks (alloc, touch, free) is seen with its block live: publish after it. */
+  if (th_unlikely(th_options.stats_interval != 0)) export_tick(os_now_ms());
+  return p;
+}
+
+/* A page of class c with a free block, first in its queue; NULL with errno ENOMEM when there is none. */
+th_page_t *heap_page_with_free(th_heap_t *heap, size_t c) {
+  th_page_t *page = heap_find_page(heap, c);
   if (page == NULL) {
     /* At an explicit heap's cap, or out of address space: empty pages of other classes and remote frees
      * may give a segment back, which segment_map_new can then unmap and map again. */
     heap_collect_remote(heap);
-    page = heap_find_page(heap, size_class(size));
+    page = heap_find_page(heap, c);
   }
-  if (page == NULL) {
-    errno = ENOMEM;
-    return NULL;
-  }
+  if (page == NULL) errno = ENOMEM;
+  return page;
+}
+
+/* The rest of the slow path: a huge block, or a page of the class with a free block, and its first block.
+ * profile_malloc calls it for the allocations it does not sample. */
+void *heap_malloc_fill(th_heap_t *heap, size_t size) {
+  if (size > TH_LARGE_MAX) return heap_malloc_huge(heap, size);
+  th_page_t *page = heap_page_with_free(heap, size_class(size));
+  if (page == NULL) return NULL;
   th_assert(page_is_valid(page));
   th_assert(heap_direct_is_valid(heap, size_class(size)));
   return page_pop(page);

@@ -63,13 +63,8 @@ void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
     /* Rare: a block aligned beyond a segment is mapped at that alignment and never comes from the cache. */
     seg = os_map_aligned(total, alignment);
     if (seg) {
-      memset(seg, 0, header);
-      seg->size = total;
-      seg->kind = TH_KIND_HUGE;
-      seg->page_shift = 63;
-      seg->page_count = 1;
-      seg->is_zero = 1;
       segment_map_set(seg, total, true);
+      segment_init(seg, total, TH_KIND_HUGE, true);
     }
   }
   if (seg == NULL) {

@@ -72,6 +72,8 @@ extern th_page_t th_page_empty;
 void *heap_malloc_queue(th_heap_t *heap, size_t size);
 void *heap_malloc_slow(th_heap_t *heap, size_t size);
 void *heap_malloc_fill(th_heap_t *heap, size_t size);
+void *heap_malloc_huge(th_heap_t *heap, size_t size);
+th_page_t *heap_page_with_free(th_heap_t *heap, size_t c);
 void heap_init(th_heap_t *heap);
 void heap_queue_remove(th_heap_t *heap, th_page_queue_t *q, th_page_t *page);
 void heap_page_retire(th_heap_t *heap, th_page_t *page);
@@ -395,6 +397,19 @@ static inline void pairs_count_one(_Atomic(uint64_t) *count) {
   count_add(count, 1);
 #endif
 }
+
+/* Is p the start of a block the page has carved? One multiply and a rotate (see th_page_t.block_inv): the
+ * index it gives is below capacity only for a block start. */
+static inline bool page_is_block(const th_page_t *page, const void *p) {
+  uint64_t x = (uint64_t)((const uint8_t *)p - page->start) * page->block_inv;
+  unsigned k = page->block_shift;
+  uint64_t idx = (x >> k) | (x << ((64 - k) & 63));
+  /* capacity grows under the owner while other threads free: a relaxed atomic load (a plain mov). */
+  return idx < __atomic_load_n(&page->capacity, __ATOMIC_RELAXED);
+}
+
+/* The second word of a free block: the double-free tag. */
+static inline uintptr_t free_tag(const void *block) { return th_key ^ (uintptr_t)block; }
 
 /* Offset of p from the block that holds it: 0 for a block start. Multiply-shift, no division. */
 static inline size_t page_block_offset(const th_page_t *page, const void *p) {
