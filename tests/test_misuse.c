@@ -81,7 +81,7 @@ static void *thread_free_twice(void *p) {
 }
 static void *thread_alloc(void *size) {
   void *p = th_malloc((size_t)(uintptr_t)size);
-  if (p) memset(p, 0x42, 64);
+  if (p) memset(p, 0x42, (size_t)(uintptr_t)size < 64 ? (size_t)(uintptr_t)size : 64);
   return p;
 }
 
