@@ -175,13 +175,16 @@ static bool block_is_zero(const th_block_t *b, size_t block_size) {
 
 static inline bool zero_on_free(void) { return th_options.secure >= 2; }
 
+/* (AddressSanitizer builds) A free block is poisoned short of its trailer, which a report on it reads. */
+static inline void free_poison(th_block_t *b, size_t block_size) { block_poison(b, block_size - TRAILER); }
+
 /* ---- the pages' encoded free lists */
 
 /* A free block, tagged free already, onto the page's list, its link encoded. */
 static void list_push(th_page_t *page, th_block_t *b) {
   b->next = link_code(page, &b->next, page->secure_free);
   page->secure_free = b;
-  block_poison(b, page->block_size);
+  free_poison(b, page->block_size);
 }
 
 /* The first block of the page's list, checked: its link must decode to NULL or a block of the page, its tag
@@ -341,7 +344,7 @@ void secure_free(th_segment_t *seg, th_page_t *page, th_block_t *b, const void *
   b->tag = free_tag(b);
   if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) != thread_id()) {
     /* Checked here, in the freeing thread; the owner collects it onto its list when the page runs dry. */
-    block_poison(b, bsize);
+    free_poison(b, bsize);
     page_push_remote(page, b);
     return;
   }
@@ -352,7 +355,7 @@ void secure_free(th_segment_t *seg, th_page_t *page, th_block_t *b, const void *
     release(heap, b);
     return;
   }
-  block_poison(b, bsize);
+  free_poison(b, bsize);
   size_t c = page->class_idx;
   uint32_t i = q->ring[c].next, d = class_delay(c);
   th_block_t *oldest = q->ring[c].slot[i];
