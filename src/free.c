@@ -233,6 +233,14 @@ static void put_dec(line_t *l, size_t v) {
   while (n > 0 && l->n < sizeof l->buf - 1) l->buf[l->n++] = tmp[--n];
 }
 
+/* "<p> (size <size>)": how the reports name a block. */
+static void put_block(line_t *l, const void *p, size_t size) {
+  put_hex(l, (uintptr_t)p);
+  put_str(l, " (size ");
+  put_dec(l, size);
+  put_str(l, ")");
+}
+
 static _Noreturn void finish(line_t *l) {
   l->buf[l->n++] = '\n';
   os_write_err(l->buf, l->n);
@@ -250,10 +258,7 @@ _Noreturn void report_misuse(th_misuse_t kind, th_op_t op, const void *p, const 
       put_str(&l, op_names[op]);
       put_str(&l, " of a freed block at ");
     }
-    put_hex(&l, (uintptr_t)p);
-    put_str(&l, " (size ");
-    put_dec(&l, size);
-    put_str(&l, ")");
+    put_block(&l, p, size);
   } else if (kind == TH_MISUSE_INVALID) {
     put_str(&l, op_names[op]);
     put_str(&l, " of invalid pointer ");
@@ -282,10 +287,7 @@ _Noreturn void report_block(const char *problem, const void *page, const void *p
     put_hex(&l, (uintptr_t)page);
   }
   put_str(&l, " at ");
-  put_hex(&l, (uintptr_t)p);
-  put_str(&l, " (size ");
-  put_dec(&l, size);
-  put_str(&l, ")");
+  put_block(&l, p, size);
   finish(&l);
 }
 

@@ -25,18 +25,6 @@
 #define DELAY 16 /* frees of a small class before a freed block comes back (src/secure.c) */
 
 static int g_mode; /* THREADHEAP_SECURE */
-static int info_fd = -1;
-
-static void expect(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void expect(const char *fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  ssize_t w = write(info_fd, buf, strlen(buf) + 1);
-  (void)w;
-}
 
 static void *free_on_thread(void *p) {
   th_free(p);
@@ -63,8 +51,8 @@ static void c_overflow(int size, int how) {
   unsigned char *p = must_malloc((size_t)size);
   /* A hundred bytes may reach the block's record of its size too: the report then names the block's
    * largest usable size (src/secure.c), so only the line's start is known here. */
-  if (how == 1) expect("threadheap: heap overflow past block at %p (size ", (void *)p);
-  else expect("threadheap: heap overflow past block at %p (size %d)\n", (void *)p, size);
+  if (how == 1) check_expect("threadheap: heap overflow past block at %p (size ", (void *)p);
+  else check_expect("threadheap: heap overflow past block at %p (size %d)\n", (void *)p, size);
   if (how == 0) p[size] = 0;
   if (how == 1) memset(p + size, 'A', 100);
   if (how == 2) p[size] ^= 0x80;
@@ -74,7 +62,7 @@ static void c_overflow(int size, int how) {
 static void c_overflow_realloc(int size, int b) {
   (void)b;
   unsigned char *p = must_malloc((size_t)size);
-  expect("threadheap: heap overflow past block at %p (size %d)\n", (void *)p, size);
+  check_expect("threadheap: heap overflow past block at %p (size %d)\n", (void *)p, size);
   p[size] = 0;
   void *q = th_realloc(p, (size_t)size * 3);
   fprintf(stderr, "realloc returned %p\n", q);
@@ -83,7 +71,7 @@ static void c_overflow_realloc(int size, int b) {
 static void c_overflow_remote(int size, int b) {
   (void)b;
   unsigned char *p = must_malloc((size_t)size);
-  expect("threadheap: heap overflow past block at %p (size %d)\n", (void *)p, size);
+  check_expect("threadheap: heap overflow past block at %p (size %d)\n", (void *)p, size);
   p[size] = 0;
   run_on_thread(free_on_thread, p);
 }
@@ -94,7 +82,7 @@ static void c_overflow_aligned(int a, int b) {
   unsigned char *p = th_aligned_alloc(256, 1000);
   if (p == NULL) _exit(91);
   size_t u = th_usable_size(p);
-  expect("threadheap: heap overflow past block at %p (size %zu)\n", (void *)p, u);
+  check_expect("threadheap: heap overflow past block at %p (size %zu)\n", (void *)p, u);
   p[u] = 0;
   th_free(p);
 }
@@ -104,7 +92,7 @@ static void c_overflow_huge(int a, int b) {
   (void)a, (void)b;
   size_t n = 2 * MiB + 100;
   unsigned char *p = must_malloc(n);
-  expect("threadheap: heap overflow past block at %p (size %zu)\n", (void *)p, n);
+  check_expect("threadheap: heap overflow past block at %p (size %zu)\n", (void *)p, n);
   p[n] = 0;
   th_free(p);
 }
@@ -114,7 +102,7 @@ static void c_overflow_huge(int a, int b) {
 static volatile unsigned char *g_target;
 
 static void write_target(void) {
-  expect("SIGSEGV");
+  check_expect("SIGSEGV");
   *g_target = 1;
 }
 
@@ -205,7 +193,7 @@ static void c_write_after_free(int offset, int b) {
   (void)b;
   th_heap_t *h = must_heap();
   unsigned char *p = heap_block(h, 48);
-  expect("threadheap: write after free at %p (size 48)\n", (void *)p);
+  check_expect("threadheap: write after free at %p (size 48)\n", (void *)p);
   th_free(p);
   p[offset] = 7;
   push_out(h, 48);
@@ -218,7 +206,7 @@ static void c_forged_link(int a, int b) {
   (void)a, (void)b;
   th_heap_t *h = must_heap();
   unsigned char *p = heap_block(h, 48);
-  expect(" at %p (size 64)\n", (void *)p); /* 48 + 4 bytes of trailer: the 64-byte class */
+  check_expect(" at %p (size 64)\n", (void *)p); /* 48 + 4 bytes of trailer: the 64-byte class */
   th_free(p);
   push_out(h, 48);
   *(void **)p = &a_global;
@@ -232,7 +220,7 @@ static void c_forged_link(int a, int b) {
  * the line starts with info. */
 static void stop_line(const char *label, void (*fn)(int, int), int a, int b, const char *prefix, int info_is_prefix) {
   check_child_t res;
-  check_run_child(fn, a, b, &info_fd, &res);
+  check_run_child(fn, a, b, &check_info_fd, &res);
   char how[128];
   check_describe(res.status, how, sizeof how);
   printf("%-62s %s", label, res.err_len ? res.err : "(no output)\n");
@@ -258,7 +246,7 @@ static void stop(const char *label, void (*fn)(int, int), int a, int b, const ch
 
 static void fault(const char *label, void (*fn)(int, int), int a, int b) {
   check_child_t res;
-  check_run_child(fn, a, b, &info_fd, &res);
+  check_run_child(fn, a, b, &check_info_fd, &res);
   char how[128];
   check_describe(res.status, how, sizeof how);
   printf("%-62s %s\n", label, how);
