@@ -17,7 +17,9 @@
 // of its own and checked in full before it is freed or reallocated, so blocks handed out twice or memory
 // reused while live show up. Allocation may fail only in a capped heap (ENOMEM) or for bad arguments
 // (EINVAL). Each input ends by destroying its heaps and freeing its default-heap blocks, so inputs do not
-// depend on each other.
+// depend on each other. CTest runs it in the default mode and in secure mode with zero-on-free
+// (THREADHEAP_SECURE=2), where every block's canary is checked when it is freed or reallocated and every free
+// block when it is handed out again.
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>

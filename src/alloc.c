@@ -72,6 +72,10 @@ void *alloc_realloc_checked(void *p, th_segment_t *seg, th_page_t *page, size_t 
   }
   /* A sampled block (profile.c) moves: the new block is an allocation of its own, sampled or not. */
   if (seg->is_sampled) return alloc_move(NULL, p, page, size);
+  /* Secure mode checks the block first, and resizes it in place only within its size class (its canary and
+   * size are rewritten); a huge block is remapped as in the default mode (huge_realloc moves its guards). */
+  bool secure = seg->is_secure;
+  if (th_unlikely(secure) && secure_realloc(seg, page, p, size)) return p;
   size_t usable = free_usable_size(page, p);
   /* A block stays in its explicit heap; a no-serialize heap's block moves to this thread's default heap
    * when another thread reallocates it. */
@@ -87,7 +91,7 @@ void *alloc_realloc_checked(void *p, th_segment_t *seg, th_page_t *page, size_t 
     return explicit_huge_realloc(home, seg, p, size);
   }
   /* In place while the block is big enough and not more than twice too big. */
-  if (size <= usable && size >= usable / 2) return p;
+  if (size <= usable && size >= usable / 2 && !secure) return p;
   return alloc_move(home ? heap_outer(home) : NULL, p, page, size);
 }
 

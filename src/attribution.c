@@ -123,7 +123,7 @@ static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out,
   if (seg->page_count != n) return;
   if (n > 1 && os_read_self(&copy->pages[1], &at->pages[1], (n - 1) * sizeof(th_page_t)) != (n - 1) * sizeof(th_page_t))
     return;
-  size_t header = segment_header_size(n);
+  size_t header = segment_header_size(n, seg->is_secure);
   /* The header's last OS page is shared with page 0's first blocks: metadata counts it, page 0 does not. */
   size_t shared = align_up(header, ps) - (header & ~(ps - 1));
   out->metadata += align_up(header, ps);
@@ -228,7 +228,7 @@ static void compute(th_stats_t *out, const th_heap_t *only) {
   flow.only = only;
   for (size_t i = lo; i < hi && i < TH_MAP_ENTRIES; i++) {
     uint8_t entry = atomic_load_explicit(&th_segment_map[i], memory_order_relaxed);
-    if (entry != 1 && entry != TH_MAP_SAMPLED) continue;
+    if (entry != 1 && entry != TH_MAP_SLOW) continue;
     walk_segment((const th_segment_t *)(i << TH_SEGMENT_SHIFT), &b, out, &flow);
   }
   flow_compute(out, &flow);

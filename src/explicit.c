@@ -80,6 +80,7 @@ static void explicit_init(th_heap_t *heap, unsigned flags, th_heap_t *parent) {
   heap->magic = TH_HEAP_LIVE_MAGIC;
   heap->parent = parent;
   atomic_store_explicit(&heap->tid, os_thread_tid(), memory_order_relaxed);
+  if (th_options.secure) secure_heap_attach(heap);
 }
 
 th_heap_t *explicit_create_samples(void) {
@@ -124,14 +125,17 @@ TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max
   /* The initial size is committed and touched now, in whole segments kept by the heap (pinned): the first
    * pages carved from them take no page faults, and they are never purged while the heap lives. */
   for (size_t done = 0; done < initial_size; done += TH_SEGMENT_SIZE) {
-    th_segment_t *seg = segment_map_new(TH_SEGMENT_SIZE, TH_KIND_SMALL);
+    th_segment_t *seg = segment_map_new(TH_SEGMENT_SIZE, TH_KIND_SMALL, heap->secure != NULL);
     if (seg == NULL) {
       th_heap_destroy(heap);
       errno = ENOMEM;
       return NULL;
     }
-    size_t n = initial_size - done < TH_SEGMENT_SIZE ? initial_size - done : TH_SEGMENT_SIZE;
-    os_commit(seg, align_up(n, os_page_size()));
+    /* The header's pages were touched by segment_init: commit the rest (a secure header ends with a guard). */
+    size_t ps = os_page_size();
+    size_t head = align_up(segment_header_size(TH_SEGMENT_SIZE >> TH_SMALL_PAGE_SHIFT, seg->is_secure), ps);
+    size_t n = align_up(initial_size - done < TH_SEGMENT_SIZE ? initial_size - done : TH_SEGMENT_SIZE, ps);
+    if (n > head) os_commit((uint8_t *)seg + head, n - head);
     atomic_store_explicit(&seg->thread_id, heap->thread_id, memory_order_relaxed);
     atomic_store_explicit(&seg->heap, heap, memory_order_relaxed);
     seg->is_pinned = 1;

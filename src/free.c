@@ -5,18 +5,6 @@
 #include "internal.h"
 #include "os.h"
 
-/* Is p the start of a block the page has carved? One multiply and a rotate (see th_page_t.block_inv): the
- * index it gives is below capacity only for a block start. */
-static inline bool page_is_block(const th_page_t *page, const void *p) {
-  uint64_t x = (uint64_t)((const uint8_t *)p - page->start) * page->block_inv;
-  unsigned k = page->block_shift;
-  uint64_t idx = (x >> k) | (x << ((64 - k) & 63));
-  /* capacity grows under the owner while other threads free: a relaxed atomic load (a plain mov). */
-  return idx < __atomic_load_n(&page->capacity, __ATOMIC_RELAXED);
-}
-
-static inline uintptr_t free_tag(const void *block) { return th_key ^ (uintptr_t)block; }
-
 /* A free by the owner: pushed on the page's free list, so the next malloc of the class gets it back while it
  * is still in cache (LIFO, like a per-thread cache), instead of a block freed long ago (docs/design.md, "Free
  * lists and remote frees", has the measurements). Tagged free and counted; no lock, no atomic. */
@@ -108,7 +96,9 @@ TH_NOINLINE void free_slow(void *p) {
   th_page_t *page;
   th_block_t *b = free_check_block(p, TH_OP_FREE, &seg, &page);
   if (seg->is_sampled) profile_free_sampled(b); /* a sampled block leaves the live set; freed below */
-  if (seg->kind == TH_KIND_HUGE) {
+  if (th_unlikely(seg->is_secure)) {
+    secure_free(seg, page, b, p); /* checked, and held back (secure.c) */
+  } else if (seg->kind == TH_KIND_HUGE) {
     huge_free(seg, p, TH_OP_FREE);
   } else if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id()) {
     th_heap_t *heap = atomic_load_explicit(&seg->heap, memory_order_relaxed);
@@ -136,18 +126,22 @@ static bool handed_out_aligned(const th_page_t *page, const void *p, size_t offs
          alloc_is_aligned_tag(p);
 }
 
+/* p is no block: unless it was a huge block freed lately, whose segment may be gone (unmapped) or reused
+ * (taken from the segment cache, or split there for a smaller segment): then it is freed twice. */
+static _Noreturn void report_invalid(th_op_t op, const void *p) {
+  size_t usable;
+  if (huge_recently_freed(p, &usable)) report_misuse(TH_MISUSE_FREED, op, p, p, usable);
+  report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0);
+}
+
 th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, th_page_t **page_out) {
   th_segment_t *seg = segment_lookup(p);
-  if (seg == NULL) {
-    size_t usable;
-    if (huge_recently_freed(p, &usable)) report_misuse(TH_MISUSE_FREED, op, p, p, usable);
-    report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0);
-  }
+  if (seg == NULL) report_invalid(op, p);
   *seg_out = seg;
   if (seg->kind == TH_KIND_HUGE) {
     th_page_t *page = &seg->pages[0];
     *page_out = page;
-    if (!page->in_use) report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0); /* its heap was destroyed */
+    if (!page->in_use) report_invalid(op, p); /* its heap was destroyed */
     /* An aligned block may lie inside a huge one: a sampled block is huge whatever its size (profile.c). */
     const uint8_t *u = p;
     bool aligned = u > page->start && u < page->start + seg->huge_size &&
@@ -165,19 +159,20 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
     /* A page freed after all its blocks were: a block start that still carries its tag was freed twice. */
     if (((uintptr_t)p & 15) == 0 && ((const th_block_t *)p)->tag == free_tag(p))
       report_misuse(TH_MISUSE_FREED, op, p, p, 0);
-    report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0);
+    report_invalid(op, p);
   }
   const uint8_t *u = p;
-  if (u < page->start || u >= page->start + (size_t)capacity * page->block_size)
-    report_misuse(TH_MISUSE_INVALID, op, p, NULL, 0);
+  if (u < page->start || u >= page->start + (size_t)capacity * page->block_size) report_invalid(op, p);
   size_t rem = page_block_offset(page, p);
   th_block_t *b = (th_block_t *)(u - rem);
   /* An interior pointer, unless aligned allocation handed it out. */
   if (rem != 0 && !handed_out_aligned(page, p, rem))
-    report_misuse(TH_MISUSE_INTERIOR, op, p, b, page->block_size);
+    report_misuse(TH_MISUSE_INTERIOR, op, p, b, free_usable_size(page, b));
   if (th_unlikely(b->tag == free_tag(b))) {
     bool freed;
-    if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id()) {
+    if (seg->is_secure) {
+      freed = secure_is_free(page, b); /* its lists stay empty: the owner has nothing to walk */
+    } else if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id()) {
       page_collect(page); /* the owner may look at all three lists */
       freed = page_list_contains(page, b);
     } else {
@@ -189,6 +184,7 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
 }
 
 size_t free_usable_size(const th_page_t *page, const void *p) {
+  if (th_unlikely(segment_of_page(page)->is_secure)) return secure_usable_size(page, p); /* the size asked for */
   if (page->block_size == 0) { /* huge: to the end of its committed pages, as much as a write may touch */
     const th_segment_t *seg = segment_of_page(page);
     return (size_t)((const uint8_t *)seg + seg->huge_committed - (const uint8_t *)p);
@@ -237,6 +233,14 @@ static void put_dec(line_t *l, size_t v) {
   while (n > 0 && l->n < sizeof l->buf - 1) l->buf[l->n++] = tmp[--n];
 }
 
+/* "<p> (size <size>)": how the reports name a block. */
+static void put_block(line_t *l, const void *p, size_t size) {
+  put_hex(l, (uintptr_t)p);
+  put_str(l, " (size ");
+  put_dec(l, size);
+  put_str(l, ")");
+}
+
 static _Noreturn void finish(line_t *l) {
   l->buf[l->n++] = '\n';
   os_write_err(l->buf, l->n);
@@ -254,10 +258,7 @@ _Noreturn void report_misuse(th_misuse_t kind, th_op_t op, const void *p, const 
       put_str(&l, op_names[op]);
       put_str(&l, " of a freed block at ");
     }
-    put_hex(&l, (uintptr_t)p);
-    put_str(&l, " (size ");
-    put_dec(&l, size);
-    put_str(&l, ")");
+    put_block(&l, p, size);
   } else if (kind == TH_MISUSE_INVALID) {
     put_str(&l, op_names[op]);
     put_str(&l, " of invalid pointer ");
@@ -273,6 +274,20 @@ _Noreturn void report_misuse(th_misuse_t kind, th_op_t op, const void *p, const 
     put_dec(&l, size);
     put_str(&l, ")");
   }
+  finish(&l);
+}
+
+/* "threadheap: <problem> [in page <page>] at <p> (size <size>)": secure mode's reports (secure.c). */
+_Noreturn void report_block(const char *problem, const void *page, const void *p, size_t size) {
+  line_t l = {.n = 0};
+  put_str(&l, "threadheap: ");
+  put_str(&l, problem);
+  if (page) {
+    put_str(&l, " in page ");
+    put_hex(&l, (uintptr_t)page);
+  }
+  put_str(&l, " at ");
+  put_block(&l, p, size);
   finish(&l);
 }
 

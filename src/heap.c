@@ -33,8 +33,14 @@ static th_page_t **direct_slots(th_heap_t *heap, size_t c, size_t *lo, size_t *h
   return size <= TH_DIRECT_MAX ? heap->direct : size <= TH_MEDIUM_MAX ? heap->direct_medium : heap->direct_large;
 }
 
+/* The page the direct slots of class c name: its first page; the empty page in a secure heap, so that every
+ * malloc takes the slow path (secure.c). */
+static th_page_t *heap_direct_page(const th_heap_t *heap, size_t c) {
+  return heap->queues[c].first && heap->secure == NULL ? heap->queues[c].first : &th_page_empty;
+}
+
 static void heap_direct_update(th_heap_t *heap, size_t c) {
-  th_page_t *page = heap->queues[c].first ? heap->queues[c].first : &th_page_empty;
+  th_page_t *page = heap_direct_page(heap, c);
   size_t lo, hi;
   th_page_t **table = direct_slots(heap, c, &lo, &hi);
   for (size_t w = lo; w <= hi; w++) table[w] = page;
@@ -43,7 +49,7 @@ static void heap_direct_update(th_heap_t *heap, size_t c) {
 
 /* The direct-table invariant of class c (types.h), for th_assert. */
 __attribute__((unused)) static bool heap_direct_is_valid(th_heap_t *heap, size_t c) {
-  th_page_t *page = heap->queues[c].first ? heap->queues[c].first : &th_page_empty;
+  th_page_t *page = heap_direct_page(heap, c);
   size_t lo, hi;
   th_page_t **table = direct_slots(heap, c, &lo, &hi);
   for (size_t w = lo; w <= hi; w++)
@@ -209,7 +215,9 @@ void heap_purge(th_heap_t *heap, bool force) {
       next = page->next;
       if (!page_is_empty(page)) {
         page->free_since_ms = 0; /* in use: the empty clock starts again from the next round */
-        if (page->block_size > TH_PURGE_BLOCK_MIN) heap_purge_idle_page(page, now, delay, force);
+        /* (A secure page's free blocks are on secure_free, where idle_free would be.) */
+        if (page->block_size > TH_PURGE_BLOCK_MIN && heap->secure == NULL)
+          heap_purge_idle_page(page, now, delay, force);
         continue;
       }
       if (page != heap->queues[c].first || page->next != NULL || force) {
@@ -235,8 +243,11 @@ void heap_purge(th_heap_t *heap, bool force) {
   }
 }
 
-/* Full pages revisited, pages emptied by remote frees freed: what a capped heap does before failing. */
+/* Full pages revisited, pages emptied by remote frees freed: what a capped heap does before failing (and
+ * heap_collect, so th_collect and thread exit). */
 void heap_collect_remote(th_heap_t *heap) {
+  /* Short of memory, blocks held back are worth more as memory: the quarantine empties (secure.c). */
+  if (th_unlikely(heap->secure != NULL)) secure_flush(heap);
   heap_collect_ready(heap);
   for (th_page_t *page = heap->full.first, *next; page; page = next) {
     next = page->next;
@@ -278,6 +289,11 @@ void heap_collect(th_heap_t *heap) {
   heap_purge(heap, true);
 }
 
+/* Has the page a block to hand out? A secure heap's pages keep theirs on secure_free (secure.c). */
+static inline bool page_has_free(const th_heap_t *heap, const th_page_t *page) {
+  return page->free != NULL || (heap->secure != NULL && page->secure_free != NULL);
+}
+
 /* A page of class c with a free block, moved to the front of its queue; NULL when out of memory. Each page
  * looked at is either used or parked as full, so the scan is paid for by the allocations it enables. */
 static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
@@ -287,13 +303,13 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
   for (;;) {
     for (th_page_t *page = q->first, *next; page; page = next) {
       next = page->next;
-      if (page->free == NULL) {
+      if (!page_has_free(heap, page)) {
         /* Blocks collected earlier (heap_collect_ready) first; the remote stack then joins an empty
          * local_free, so page_collect need not walk it to find its tail. */
         page_free_from_local(page);
         page_collect(page);
         if (page->free == NULL) page_free_from_local(page);
-        if (page->free != NULL) {
+        if (page_has_free(heap, page)) {
           /* blocks freed by the owner or by other threads */
         } else if (page->capacity < page->reserved && page_extend(heap, page)) {
           /* carved more blocks */
@@ -371,31 +387,39 @@ TH_NOINLINE void *heap_malloc_slow(th_heap_t *heap, size_t size) {
   return heap_malloc_fill(heap, size);
 }
 
-/* The rest of the slow path: a huge block, or a page of the class with a free block, and its first block.
- * profile_malloc calls it for the allocations it does not sample. */
-void *heap_malloc_fill(th_heap_t *heap, size_t size) {
-  if (size > TH_LARGE_MAX) {
-    th_heap_t *owner = heap_is_explicit(heap) ? heap : NULL;
-    void *p = huge_alloc(owner, size, 16, false);
-    if (p == NULL && owner == NULL) { /* out of address space: empty pages may give segments back */
-      heap_collect_remote(heap);
-      p = huge_alloc(owner, size, 16, false);
-    }
-    /* A program of huge blocks (alloc, touch, free) is seen with its block live: publish after it. */
-    if (th_unlikely(th_options.stats_interval != 0)) export_tick(os_now_ms());
-    return p;
+/* A huge block for the heap (an explicit heap's own, or nobody's for a thread heap). */
+void *heap_malloc_huge(th_heap_t *heap, size_t size) {
+  th_heap_t *owner = heap_is_explicit(heap) ? heap : NULL;
+  void *p = huge_alloc(owner, size, 16, false);
+  if (p == NULL && owner == NULL) { /* out of address space: empty pages may give segments back */
+    heap_collect_remote(heap);
+    p = huge_alloc(owner, size, 16, false);
   }
-  th_page_t *page = heap_find_page(heap, size_class(size));
+  /* A program of huge blocks (alloc, touch, free) is seen with its block live: publish after it. */
+  if (th_unlikely(th_options.stats_interval != 0)) export_tick(os_now_ms());
+  return p;
+}
+
+/* A page of class c with a free block, first in its queue; NULL with errno ENOMEM when there is none. */
+th_page_t *heap_page_with_free(th_heap_t *heap, size_t c) {
+  th_page_t *page = heap_find_page(heap, c);
   if (page == NULL) {
     /* At an explicit heap's cap, or out of address space: empty pages of other classes and remote frees
      * may give a segment back, which segment_map_new can then unmap and map again. */
     heap_collect_remote(heap);
-    page = heap_find_page(heap, size_class(size));
+    page = heap_find_page(heap, c);
   }
-  if (page == NULL) {
-    errno = ENOMEM;
-    return NULL;
-  }
+  if (page == NULL) errno = ENOMEM;
+  return page;
+}
+
+/* The rest of the slow path: a huge block, or a page of the class with a free block, and its first block.
+ * profile_malloc calls it for the allocations it does not sample. */
+void *heap_malloc_fill(th_heap_t *heap, size_t size) {
+  if (th_unlikely(heap->secure != NULL)) return secure_malloc(heap, size); /* checked blocks, from secure_free */
+  if (size > TH_LARGE_MAX) return heap_malloc_huge(heap, size);
+  th_page_t *page = heap_page_with_free(heap, size_class(size));
+  if (page == NULL) return NULL;
   th_assert(page_is_valid(page));
   th_assert(heap_direct_is_valid(heap, size_class(size)));
   return page_pop(page);

@@ -42,7 +42,8 @@ static bool owner_has_room(th_heap_t *owner, size_t bytes) {
 
 void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
   if (size < 16) size = 16;
-  size_t header = segment_header_size(1);
+  bool secure = owner ? owner->secure != NULL : th_options.secure != 0;
+  size_t header = segment_header_size(1, secure);
   size_t offset = align_up(header, alignment);
   if (size > (size_t)PTRDIFF_MAX - offset - 2 * TH_SEGMENT_SIZE) {
     errno = ENOMEM;
@@ -55,21 +56,17 @@ void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
       return NULL;
     }
   }
-  size_t total = align_up(offset + size, TH_SEGMENT_SIZE);
+  /* In secure mode a guard page follows the block's last page (secure_huge_alloc). */
+  size_t total = align_up(offset + size + (secure ? os_page_size() : 0), TH_SEGMENT_SIZE);
   th_segment_t *seg;
   if (alignment <= TH_SEGMENT_SIZE) {
-    seg = segment_map_new(total, TH_KIND_HUGE);
+    seg = segment_map_new(total, TH_KIND_HUGE, secure);
   } else {
     /* Rare: a block aligned beyond a segment is mapped at that alignment and never comes from the cache. */
     seg = os_map_aligned(total, alignment);
     if (seg) {
-      memset(seg, 0, header);
-      seg->size = total;
-      seg->kind = TH_KIND_HUGE;
-      seg->page_shift = 63;
-      seg->page_count = 1;
-      seg->is_zero = 1;
       segment_map_set(seg, total, true);
+      segment_init(seg, total, TH_KIND_HUGE, true, secure);
     }
   }
   if (seg == NULL) {
@@ -82,6 +79,7 @@ void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
   page->in_use = 1;
   seg->huge_committed = huge_committed(seg, p, size);
   seg->huge_size = size;
+  if (secure) secure_huge_alloc(seg, p, size);
   atomic_store_explicit(&seg->huge_live, 1, memory_order_release);
   stats_committed((long)seg->huge_committed);
   stats_count(&th_stats_global.huge_allocs);
@@ -135,9 +133,10 @@ void huge_free(th_segment_t *seg, const void *p, th_op_t op) {
   segment_release(seg);
 }
 
-void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
+/* guard: room to leave after the block's last OS page (secure mode's guard page). */
+static void *huge_remap(th_segment_t *seg, void *p, size_t size, size_t guard) {
   size_t offset = (size_t)((uint8_t *)p - (uint8_t *)seg);
-  size_t need = align_up(offset + size, TH_SEGMENT_SIZE);
+  size_t need = align_up(offset + size + guard, TH_SEGMENT_SIZE);
   size_t old = seg->size;
   long committed_before = (long)seg->huge_committed;
   th_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
@@ -198,6 +197,20 @@ void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
   stats_committed((long)seg->huge_committed - committed_before);
   if (owner) owner_link(owner, seg);
   return p;
+}
+
+void *huge_realloc(th_segment_t *seg, void *p, size_t size) {
+  if (!seg->is_secure) return huge_remap(seg, p, size, 0);
+  /* Secure mode: mremap moves one mapping, so the guard pages are lifted, and set again where the block (moved,
+   * resized, or left as it was) ends. */
+  size_t offset = (size_t)((uint8_t *)p - (uint8_t *)seg), old = seg->huge_size;
+  secure_segment_release(seg);
+  void *q = huge_remap(seg, p, size, os_page_size());
+  uint8_t *b = q ? q : p;
+  th_segment_t *now = (th_segment_t *)(b - offset);
+  secure_segment_init(now);
+  secure_huge_alloc(now, b, q ? size : old);
+  return q;
 }
 
 /* The block leaves its explicit heap (th_realloc by a thread that may not allocate from the heap). */

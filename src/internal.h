@@ -53,6 +53,7 @@ _Noreturn void report_misuse(th_misuse_t kind, th_op_t op, const void *p, const 
 _Noreturn void report_fatal(const char *msg);
 _Noreturn void th_new_out_of_memory(void);
 _Noreturn void report_heap_misuse(const char *op, const char *problem, const void *heap);
+_Noreturn void report_block(const char *problem, const void *page, const void *p, size_t size);
 _Noreturn void report_assert(const char *cond, const char *file, int line);
 
 /* ---- alloc.c */
@@ -72,6 +73,8 @@ extern th_page_t th_page_empty;
 void *heap_malloc_queue(th_heap_t *heap, size_t size);
 void *heap_malloc_slow(th_heap_t *heap, size_t size);
 void *heap_malloc_fill(th_heap_t *heap, size_t size);
+void *heap_malloc_huge(th_heap_t *heap, size_t size);
+th_page_t *heap_page_with_free(th_heap_t *heap, size_t c);
 void heap_init(th_heap_t *heap);
 void heap_queue_remove(th_heap_t *heap, th_page_queue_t *q, th_page_t *page);
 void heap_page_retire(th_heap_t *heap, th_page_t *page);
@@ -106,9 +109,9 @@ void segment_map_set(th_segment_t *seg, size_t size, bool mapped);
 th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind);
 void segment_page_free(th_heap_t *heap, th_page_t *page);
 th_segment_t *segment_of_page(const th_page_t *page);
-size_t segment_header_size(size_t page_count);
-th_segment_t *segment_map_new(size_t size, th_kind_t kind);
-void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched);
+size_t segment_header_size(size_t page_count, bool secure);
+th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure);
+void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched, bool secure);
 void segment_release(th_segment_t *seg);
 void segment_cache_purge(bool force);
 void segment_abandon(th_segment_t *seg);
@@ -213,6 +216,23 @@ void profile_free_sampled(th_block_t *block);
 void profile_huge_alloc(th_segment_t *seg, size_t size, bool fresh);
 void profile_huge_free(th_segment_t *seg);
 
+/* ---- secure.c: secure mode (THREADHEAP_SECURE): every malloc and free of a secure heap takes a slow path */
+void secure_start(void); /* the library constructor, once the options are read */
+void secure_heap_attach(th_heap_t *heap); /* a heap made in secure mode: its quarantine */
+void *secure_malloc(th_heap_t *heap, size_t size); /* heap_malloc_fill on a secure heap */
+void secure_free(th_segment_t *seg, th_page_t *page, th_block_t *b, const void *p); /* free_slow: p in block b */
+/* th_realloc of a secure block: checked; true when resized in place (within its size class). */
+bool secure_realloc(th_segment_t *seg, th_page_t *page, void *p, size_t size);
+size_t secure_usable_size(const th_page_t *page, const void *p);
+bool secure_is_free(const th_page_t *page, const th_block_t *b); /* free_check_block: a tagged block's witness */
+void secure_carve(th_page_t *page, uint8_t *first, size_t n); /* page_extend: n fresh blocks from first */
+void secure_collect(th_page_t *page, th_block_t *head, size_t n); /* page_collect: the remote stack taken */
+void secure_flush(th_heap_t *heap); /* heap_collect: the quarantine empties */
+size_t secure_free_count(const th_page_t *page, bool *ok); /* page_is_valid */
+void secure_segment_init(th_segment_t *seg);    /* guard pages set */
+void secure_segment_release(th_segment_t *seg); /* and lifted */
+void secure_huge_alloc(th_segment_t *seg, void *p, size_t size);
+
 /* ---- export.c */
 /* THREADHEAP_STATS_INTERVAL: publish the counters if the interval has passed (slow paths call it). */
 void export_tick(uint64_t now_ms);
@@ -237,6 +257,7 @@ typedef struct th_options_s {
   long profile_interval;    /* THREADHEAP_PROFILE_INTERVAL, s: also write PATH.<n> this often (0: never) */
   long profile_signal;      /* THREADHEAP_PROFILE_SIGNAL: SIGUSR2 writes PATH.<n> (if the program has no handler) */
   long leaks;               /* THREADHEAP_LEAKS: print the sampled blocks still live at exit */
+  long secure;              /* THREADHEAP_SECURE: 1 checks blocks (secure.c), 2 also zeroes them when freed */
 } th_options_t;
 extern th_options_t th_options;
 void options_init(void);
@@ -396,6 +417,19 @@ static inline void pairs_count_one(_Atomic(uint64_t) *count) {
   count_add(count, 1);
 #endif
 }
+
+/* Is p the start of a block the page has carved? One multiply and a rotate (see th_page_t.block_inv): the
+ * index it gives is below capacity only for a block start. */
+static inline bool page_is_block(const th_page_t *page, const void *p) {
+  uint64_t x = (uint64_t)((const uint8_t *)p - page->start) * page->block_inv;
+  unsigned k = page->block_shift;
+  uint64_t idx = (x >> k) | (x << ((64 - k) & 63));
+  /* capacity grows under the owner while other threads free: a relaxed atomic load (a plain mov). */
+  return idx < __atomic_load_n(&page->capacity, __ATOMIC_RELAXED);
+}
+
+/* The second word of a free block: the double-free tag. */
+static inline uintptr_t free_tag(const void *block) { return th_key ^ (uintptr_t)block; }
 
 /* Offset of p from the block that holds it: 0 for a block start. Multiply-shift, no division. */
 static inline size_t page_block_offset(const th_page_t *page, const void *p) {

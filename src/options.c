@@ -9,7 +9,11 @@
 #include "os.h"
 
 /* Defaults hold until options_init runs from the library constructor, so allocations made before libc is
- * ready (by the dynamic loader, or other constructors) never read the environment. */
+ * ready (by the dynamic loader, or other constructors) never read the environment. A build with
+ * -DTH_SECURE_DEFAULT=ON is in secure mode from the first allocation. */
+#ifndef TH_SECURE_DEFAULT
+#define TH_SECURE_DEFAULT 0
+#endif
 th_options_t th_options = {
     .purge_delay = 250,
     .cache_max = 512L << 20,
@@ -25,6 +29,7 @@ th_options_t th_options = {
     .profile_interval = 0,
     .profile_signal = 0,
     .leaks = 0,
+    .secure = TH_SECURE_DEFAULT,
 };
 
 typedef struct option_desc_s {
@@ -50,6 +55,7 @@ static const option_desc_t option_table[] = {
     {"THREADHEAP_PROFILE_INTERVAL", &th_options.profile_interval, 0, 86400L * 365, false, NULL},
     {"THREADHEAP_PROFILE_SIGNAL", &th_options.profile_signal, 0, 1, false, NULL},
     {"THREADHEAP_LEAKS", &th_options.leaks, 0, 1, false, NULL},
+    {"THREADHEAP_SECURE", &th_options.secure, 0, 2, false, NULL},
 };
 
 /* Copies of the text options: the program may later rewrite its environment (setproctitle does). */

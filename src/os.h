@@ -21,6 +21,9 @@ void *os_reserve(size_t size);
 void os_unmap(void *p, size_t size);
 /* Give the memory back to the OS; it reads as zero when next touched. p and size are page multiples. */
 void os_purge(void *p, size_t size);
+/* A guard (access false: any access faults) or plain read-write memory again. p and size are page
+ * multiples. */
+void os_protect(void *p, size_t size, bool access);
 /* Touch the range so that later writes take no page fault. */
 void os_commit(void *p, size_t size);
 /* Ask for transparent huge pages on the range (THREADHEAP_HUGE_PAGES). */

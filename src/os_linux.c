@@ -88,6 +88,11 @@ void os_purge(void *p, size_t size) {
   if (TIMED(madvise(p, size, MADV_DONTNEED)) == 0) stats_os_purge(size);
 }
 
+void os_protect(void *p, size_t size, bool access) {
+  if (TIMED(mprotect(p, size, access ? PROT_READ | PROT_WRITE : PROT_NONE)) != 0)
+    options_verbose("the OS refused to protect %zu bytes (errno %d)", size, errno); /* no guard: runs on */
+}
+
 void os_commit(void *p, size_t size) {
 #ifdef MADV_POPULATE_WRITE
   if (TIMED(madvise(p, size, MADV_POPULATE_WRITE)) == 0) return;

@@ -21,7 +21,9 @@ static inline uintptr_t tf_with_state(uintptr_t tf, uintptr_t state) { return (t
 uint8_t *page_area(const th_segment_t *seg, size_t index, size_t *size_out) {
   uint8_t *start = (uint8_t *)seg + (index << seg->page_shift);
   uint8_t *end = start + ((size_t)1 << (seg->page_shift < TH_SEGMENT_SHIFT ? seg->page_shift : TH_SEGMENT_SHIFT));
-  if (index == 0) start += segment_header_size(seg->page_count);
+  if (index == 0) start += segment_header_size(seg->page_count, seg->is_secure);
+  /* A secure segment's medium and large pages end with a guard page (secure.c). */
+  if (seg->is_secure && (seg->kind == TH_KIND_MEDIUM || seg->kind == TH_KIND_LARGE)) end -= os_page_size();
   *size_out = (size_t)(end - start);
   return start;
 }
@@ -106,16 +108,20 @@ bool page_extend(th_heap_t *heap, th_page_t *page) {
     stats_committed((long)delta);
     page->committed = (uint32_t)committed;
   }
-  th_block_t *b = (th_block_t *)first;
-  for (size_t i = 0; i + 1 < n; i++) {
-    th_block_t *next = (th_block_t *)((uint8_t *)b + bsize);
-    b->next = next;
+  if (th_unlikely(heap->secure != NULL)) {
+    secure_carve(page, first, n); /* in random order, onto secure_free */
+  } else {
+    th_block_t *b = (th_block_t *)first;
+    for (size_t i = 0; i + 1 < n; i++) {
+      th_block_t *next = (th_block_t *)((uint8_t *)b + bsize);
+      b->next = next;
+      block_poison(b, bsize);
+      b = next;
+    }
     block_poison(b, bsize);
-    b = next;
+    b->next = page->free;
+    page->free = (th_block_t *)first;
   }
-  block_poison(b, bsize);
-  b->next = page->free;
-  page->free = (th_block_t *)first;
   __atomic_store_n(&page->capacity, page->capacity + (uint32_t)n, __ATOMIC_RELAXED); /* read by remote frees */
   page->is_purged = 0;
   if (page->tail_fresh) {
@@ -140,15 +146,19 @@ size_t page_collect(th_page_t *page) {
   th_block_t *head = tf_block(tf);
   if (head == NULL) return 0;
   size_t n = tf_count(tf);
-  if (page->local_free != NULL) { /* the stack goes in front: find its tail */
-    size_t walked = 1;
-    th_block_t *tail = head;
-    while (tail->next) tail = tail->next, walked++;
-    th_assert(walked == n);
-    (void)walked;
-    tail->next = page->local_free;
+  if (th_unlikely(segment_of_page(page)->is_secure)) {
+    secure_collect(page, head, n); /* checked, and onto secure_free: local_free stays empty */
+  } else {
+    if (page->local_free != NULL) { /* the stack goes in front: find its tail */
+      size_t walked = 1;
+      th_block_t *tail = head;
+      while (tail->next) tail = tail->next, walked++;
+      th_assert(walked == n);
+      (void)walked;
+      tail->next = page->local_free;
+    }
+    page->local_free = head;
   }
-  page->local_free = head;
   th_assert(page_used(page) >= n);
   page->used_word -= (uint32_t)n;
   stats_add_remote(n);
@@ -282,5 +292,9 @@ bool page_is_valid(const th_page_t *page) {
   bool ok = page->capacity <= page->reserved && page->block_size >= 16 && page->block_size % 16 == 0;
   size_t nfree = list_length(page, page->free, &ok);
   size_t nlocal = list_length(page, page->local_free, &ok);
+  if (segment_of_page(page)->is_secure) { /* its free blocks wait on secure_free only */
+    ok = ok && nfree == 0 && nlocal == 0;
+    nfree = secure_free_count(page, &ok);
+  }
   return ok && page_used(page) + nfree + nlocal == page->capacity;
 }

@@ -33,7 +33,7 @@ th_segment_t *segment_lookup_slow(uintptr_t region, uint8_t back) {
     region -= TH_MAP_BACK_MAX;
     back = atomic_load_explicit(&th_segment_map[region], memory_order_relaxed);
   }
-  if (back == TH_MAP_SAMPLED) return (th_segment_t *)(region << TH_SEGMENT_SHIFT);
+  if (back == TH_MAP_SLOW) return (th_segment_t *)(region << TH_SEGMENT_SHIFT);
   if (back == 0 || region < (uintptr_t)back - 1) return NULL;
   return (th_segment_t *)((region - (back - 1)) << TH_SEGMENT_SHIFT);
 }
@@ -44,6 +44,13 @@ static _Atomic(size_t) map_lo = TH_MAP_ENTRIES, map_hi;
 void segment_map_range(size_t *lo, size_t *hi) {
   *lo = atomic_load_explicit(&map_lo, memory_order_relaxed);
   *hi = atomic_load_explicit(&map_hi, memory_order_relaxed);
+}
+
+/* The segment's first map entry: TH_MAP_SLOW for a segment of sampled blocks or a secure one, so that
+ * th_free sends their frees to free_slow. */
+static void segment_map_mark(const th_segment_t *seg) {
+  atomic_store_explicit(&th_segment_map[(uintptr_t)seg >> TH_SEGMENT_SHIFT],
+                        seg->is_sampled || seg->is_secure ? TH_MAP_SLOW : 1, memory_order_release);
 }
 
 void segment_map_set(th_segment_t *seg, size_t size, bool mapped) {
@@ -64,18 +71,20 @@ void segment_map_set(th_segment_t *seg, size_t size, bool mapped) {
     uint8_t v = !mapped ? 0 : i < TH_MAP_BACK_MAX ? (uint8_t)(i + 1) : 255;
     atomic_store_explicit(&th_segment_map[first + i], v, memory_order_relaxed);
   }
+  if (mapped) segment_map_mark(seg); /* (a huge block remapped keeps its mark) */
 }
 
-/* A segment of the profiler's sample heap, or one leaving it: its map entry says so (TH_MAP_SAMPLED). A
- * paged segment spans one region. */
+/* A segment of the profiler's sample heap, or one leaving it (a paged segment spans one region). */
 static void segment_set_sampled(th_segment_t *seg, bool sampled) {
   seg->is_sampled = sampled;
-  atomic_store_explicit(&th_segment_map[(uintptr_t)seg >> TH_SEGMENT_SHIFT], sampled ? TH_MAP_SAMPLED : 1,
-                        memory_order_release);
+  segment_map_mark(seg);
 }
 
-size_t segment_header_size(size_t page_count) {
-  return align_up(sizeof(th_segment_t) + page_count * sizeof(th_page_t), 256);
+/* The segment struct and its page descriptors. A secure segment's header ends on an OS page boundary with a
+ * guard page (secure.c): a write just past the metadata, or just before page 0's blocks, faults. */
+size_t segment_header_size(size_t page_count, bool secure) {
+  size_t meta = sizeof(th_segment_t) + page_count * sizeof(th_page_t);
+  return secure ? align_up(meta, os_page_size()) + os_page_size() : align_up(meta, 256);
 }
 
 th_segment_t *segment_of_page(const th_page_t *page) {
@@ -152,7 +161,7 @@ static th_segment_t *cache_take(size_t size) {
   return found;
 }
 
-th_segment_t *segment_map_new(size_t size, th_kind_t kind) {
+th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure) {
   bool fresh = false;
   th_segment_t *seg = cache_take(size);
   if (seg) {
@@ -169,16 +178,20 @@ th_segment_t *segment_map_new(size_t size, th_kind_t kind) {
     if (th_options.huge_pages) os_advise_huge(seg, size);
   }
   if (fresh) segment_map_set(seg, size, true);
-  segment_init(seg, fresh ? size : seg->size, kind, fresh);
+  segment_init(seg, fresh ? size : seg->size, kind, fresh, secure);
   return seg;
 }
 
-/* Lay out a mapped segment's header for pages of one kind. untouched: its memory is fresh from the OS. */
-void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched) {
+/* Lay out a mapped segment's header for pages of one kind. untouched: its memory is fresh from the OS.
+ * secure: for a secure heap, or a huge block made in secure mode (guard pages, secure.c). */
+void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched, bool secure) {
   size_t pages = kind == TH_KIND_SMALL ? TH_SEGMENT_SIZE >> TH_SMALL_PAGE_SHIFT
                : kind == TH_KIND_MEDIUM ? TH_SEGMENT_SIZE >> TH_MEDIUM_PAGE_SHIFT : 1;
+  /* An explicit heap's pinned segment keeps its guard pages between uses: lifted before the new layout (every
+   * other segment lost them when released). */
+  if (!untouched && seg->is_pinned && seg->is_secure) secure_segment_release(seg);
   vg_defined(seg, size); /* under valgrind: a reused segment's freed blocks were no-access */
-  memset(seg, 0, segment_header_size(pages));
+  memset(seg, 0, sizeof(th_segment_t) + pages * sizeof(th_page_t));
   seg->size = size;
   seg->kind = (uint8_t)kind;
   seg->page_shift = kind == TH_KIND_SMALL ? TH_SMALL_PAGE_SHIFT
@@ -187,6 +200,9 @@ void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched
   seg->page_count = (uint32_t)pages;
   seg->is_zero = untouched;
   for (size_t i = 0; i < pages; i++) seg->pages[i].is_purged = seg->pages[i].is_zero = untouched;
+  seg->is_secure = secure;
+  segment_map_mark(seg);
+  if (secure) secure_segment_init(seg);
 }
 
 /* The cache's byte cap when a segment of `size` bytes enters it: THREADHEAP_CACHE_MAX, but never more than
@@ -203,6 +219,7 @@ static size_t cache_limit(size_t size) {
 
 /* Give a segment with no live block back: into the cache, or to the OS when the cache cannot hold it. */
 void segment_release(th_segment_t *seg) {
+  if (seg->is_secure) secure_segment_release(seg); /* cached memory has no guard pages */
   if (seg->is_sampled) segment_set_sampled(seg, false);
   atomic_store_explicit(&seg->thread_id, 0, memory_order_relaxed);
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
@@ -321,10 +338,10 @@ th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind) {
     if (heap->reserve != NULL) { /* an explicit heap's committed, touched initial memory comes first */
       seg = heap->reserve;
       heap->reserve = seg->next;
-      segment_init(seg, TH_SEGMENT_SIZE, kind, false);
+      segment_init(seg, TH_SEGMENT_SIZE, kind, false, heap->secure != NULL);
       seg->is_pinned = 1;
     } else {
-      seg = segment_map_new(TH_SEGMENT_SIZE, kind);
+      seg = segment_map_new(TH_SEGMENT_SIZE, kind, heap->secure != NULL);
       if (seg == NULL) return NULL;
     }
     heap_segment_own(heap, seg);
@@ -432,6 +449,9 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
   if (!th_lock_unless_fork(&abandoned_lock)) return false;
   abandoned_take_incoming();
   th_segment_t *seg = abandoned_last[kind];
+  /* Only a segment made in the heap's own mode: secure pages keep their free blocks elsewhere (secure.c).
+   * The mode changes only when the options are read at start (secure_start), so the other kind is rare. */
+  if (seg && seg->is_secure != (heap->secure != NULL)) seg = NULL;
   if (seg) {
     abandoned_last[kind] = seg->prev;
     if (seg->prev) seg->prev->next = NULL;

@@ -98,6 +98,7 @@ th_heap_t *thread_heap_init(void) {
   if (heap == NULL) return NULL;
   heap_init(heap);
   heap->thread_id = thread_id();
+  if (th_options.secure) secure_heap_attach(heap);
   atomic_store_explicit(&heap->tid, os_thread_tid(), memory_order_relaxed);
   th_heap_tls = heap;
   /* Keys below PTHREAD_KEY_2NDLEVEL_SIZE need no allocation; ours is created first thing. */
@@ -287,6 +288,7 @@ static void fork_child(void) {
 __attribute__((constructor(101))) static void library_init(void) {
   process_init();
   options_init();
+  secure_start();
   stats_init();
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   profile_init();

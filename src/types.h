@@ -40,9 +40,9 @@
 #define TH_CLASS_COUNT 61 /* classes 1..60; class 60 is exactly TH_LARGE_MAX */
 #define TH_ADDRESS_BITS 47
 /* Address map entries (segment.c): 0 not ours; k in 1..253: the segment starts k-1 regions back; 255: look
- * again 253 regions back; TH_MAP_SAMPLED: a segment of sampled blocks starts here (th_free's test for 1
- * fails, so their frees take free_slow). */
-#define TH_MAP_SAMPLED 254
+ * again 253 regions back; TH_MAP_SLOW: a segment starts here whose every free takes free_slow (th_free's
+ * test for 1 fails): a segment of sampled blocks (profile.c) or a secure-mode segment (secure.c). */
+#define TH_MAP_SLOW 254
 #define TH_MAP_BACK_MAX 253
 #define TH_MAP_ENTRIES ((size_t)1 << (TH_ADDRESS_BITS - TH_SEGMENT_SHIFT))
 #define TH_EXTEND_BYTES 4096 /* a page is carved this many bytes (or one block) at a time */
@@ -84,6 +84,7 @@ typedef enum th_delay_e {
 typedef struct th_heap_s th_heap_t;
 typedef struct th_segment_s th_segment_t;
 typedef struct th_sampler_s th_sampler_t; /* profile.c: a thread heap's sampling state */
+typedef struct th_secure_heap_s th_secure_heap_t; /* secure.c: a secure heap's quarantine */
 struct profile_stack_s;
 
 /* A slow-path lock (th_lock in internal.h). holder is the thread that holds it (its thread pointer), so that
@@ -105,6 +106,9 @@ typedef struct th_mutex_s {
  *   in_full == 1 <=> the page is in heap->full, and its thread_free state is FULL, FREEING or NOTIFIED
  *   in_full == 1  =>  used_word >> TH_USED_BITS is all ones until the owner's next free into the page,
  *                     which carries (th_free's one test) and unparks it
+ *   page of a secure segment  =>  free == local_free == NULL whenever the program runs: its free blocks wait
+ *                     on secure_free, so neither malloc fast path can pop one, and
+ *                     page_used == capacity - |secure_free|   (quarantined blocks still count as used)
  * Only the owner thread touches the fields above thread_free; any thread may push onto thread_free. */
 typedef struct th_page_s {
   th_block_t *free;       /* malloc pops from here; the owner's frees push here (LIFO) */
@@ -147,9 +151,15 @@ typedef struct th_page_s {
   uint64_t free_since_ms;          /* when the page slot went free, for purging */
   uint64_t block_magic;   /* ceil(2^44 / block_size): offset -> block index without a division, for any
                            * offset (page_block_offset); the fast paths use block_inv */
-  /* heap_purge's view of a page in use of blocks past TH_PURGE_BLOCK_MIN: `used_word` and `free` at its last
-   * round, and since when (os_now_ms, modulo 2^32) they have not changed. */
-  th_block_t *idle_free;
+  union {
+    /* heap_purge's view of a page in use of blocks past TH_PURGE_BLOCK_MIN: `used_word` and `free` at its
+     * last round, and since when (os_now_ms, modulo 2^32) they have not changed. Not in secure mode. */
+    th_block_t *idle_free;
+    /* Secure mode (secure.c): the free list. Each block's next word holds next ^ the page's key ^ the word's
+     * own address; the head, in the segment header (which a guard page keeps apart from the blocks), is
+     * plain. Reset by page_init. */
+    th_block_t *secure_free;
+  };
   uint32_t idle_used;
   uint32_t idle_since_ms;
 } th_page_t;
@@ -185,9 +195,13 @@ struct th_segment_s {
   /* huge, while profiling: the block's sample (NULL: not sampled) and its estimates (profile.c) */
   struct profile_stack_s *sample_stack;
   uint64_t sample_bytes, sample_count;
-  /* owned by the profiler's sample heap: its map entry is TH_MAP_SAMPLED, so every free of its blocks takes
+  /* owned by the profiler's sample heap: its map entry is TH_MAP_SLOW, so every free of its blocks takes
    * free_slow, which finds the block's sample (profile.c) */
   uint8_t is_sampled;
+  /* Made in secure mode (secure.c): its map entry is TH_MAP_SLOW; the header ends with a guard page, and so
+   * do medium and large pages (page_area leaves them out); its pages keep their free blocks on secure_free.
+   * Kept when the segment is released, so that a late double free of a huge block names its size. */
+  uint8_t is_secure;
   _Alignas(128) th_page_t pages[]; /* page_count descriptors, each on two whole cache lines */
 };
 
@@ -234,6 +248,8 @@ typedef struct th_heap_flow_s {
  *   direct[w] == queues[class of (w * 16)].first, or &th_page_empty when that queue is empty
  *   direct_medium[w] == queues[class of (w * 256)].first, or &th_page_empty, for w * 256 > TH_DIRECT_MAX
  *   direct_large[w] == queues[class of (w * 16384)].first, or &th_page_empty, for w * 16384 > TH_MEDIUM_MAX
+ *   secure != NULL  =>  every direct slot is &th_page_empty (every malloc takes the slow path, secure.c), and
+ *                       every segment the heap owns has is_secure == 1
  *   every page in queues[c] has class_idx == c and in_full == 0; every page in full has in_full == 1
  *   max_size == 0  ||  stat.committed + huge_bytes <= max_size   (after every allocation) */
 struct th_heap_s {
@@ -268,11 +284,15 @@ struct th_heap_s {
    * starts profiling, from then) to its end (thread exit, th_heap_destroy); NULL otherwise, which
    * heap_malloc_queue tests. */
   th_sampler_t *sampler;
+  /* Secure mode: the heap's quarantine (secure.c), from heap_init to the heap's end; NULL for a heap made
+   * with secure mode off. */
+  th_secure_heap_t *secure;
   /* Last, and kept across heap_init: readers may read them while the struct is reused. flow is zeroed when
    * folded (attribution_fold). */
   th_heap_flow_t flow;
   th_heap_t *all_next;                /* every heap struct ever made, newest first */
   th_sampler_t *sampler_spare; /* the sampling state made for this struct, kept for its next thread */
+  th_secure_heap_t *secure_spare; /* the quarantine mapped for this struct, kept for its next heap */
   _Atomic(uint32_t) tid;              /* the Linux tid of the heap's thread (its creator's, for explicit heaps) */
   /* Remote frees by this heap's thread, per owner; slot 0 is the owner of the last one (pairs.c). */
   th_remote_pair_slot_t remote[TH_REMOTE_SLOTS];

@@ -174,6 +174,22 @@ static inline void check_run_child(void (*fn)(int, int), int a, int b, int *info
   }
 }
 
+/* The child's end of the info pipe, for tests that pass &check_info_fd to check_run_child. */
+static int check_info_fd = -1;
+
+/* In the child: what the parent should expect, formatted, on the info pipe (one write of a short message to
+ * a pipe is atomic; the parent reads until EOF). */
+static inline void check_expect(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline void check_expect(const char *fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  ssize_t w = write(check_info_fd, buf, strlen(buf) + 1);
+  (void)w;
+}
+
 /* How a child ended, for a failure message. */
 static inline const char *check_describe(int status, char *buf, size_t cap) {
   if (WIFSIGNALED(status))

@@ -30,6 +30,14 @@ static const size_t g_sizes[] = {1, 7, 15, 16, 17, 24, 31, 32, 48, 100, 127, 128
                                  1048577, 3 * MiB, 4 * MiB - 1, 4 * MiB, 4 * MiB + 1, 9 * MiB + 3};
 #define NSIZES (sizeof g_sizes / sizeof g_sizes[0])
 
+/* Secure mode (THREADHEAP_SECURE, docs/design.md) changes two promises, checked either way below: the usable
+ * size is exactly the size asked for (the bytes past it are the canary's), and a freed block is held back
+ * for a number of frees instead of coming back at the next malloc. */
+static int g_secure;
+
+/* At least max(16, n) bytes; exactly n in secure mode. */
+static int usable_ok(size_t u, size_t n) { return g_secure ? u == n : u >= 16 && u >= n; }
+
 static void test_minimum_and_alignment(void) {
   for (size_t i = 0; i < NSIZES; i++) {
     size_t n = g_sizes[i];
@@ -37,7 +45,7 @@ static void test_minimum_and_alignment(void) {
     if (!CHECK_MSG(p != NULL, "malloc(%zu)", n)) continue;
     CHECK_MSG(check_aligned(p, 16), "malloc(%zu) = %p", n, (void *)p);
     size_t u = th_usable_size(p);
-    CHECK_MSG(u >= 16 && u >= n, "usable_size(malloc(%zu)) = %zu", n, u);
+    CHECK_MSG(usable_ok(u, n), "usable_size(malloc(%zu)) = %zu", n, u);
     /* The whole usable size belongs to the caller. */
     check_fill(p, u, (unsigned)i);
     CHECK_MSG(check_verify(p, u, (unsigned)i) == u, "size %zu", n);
@@ -51,7 +59,7 @@ static void test_malloc_zero(void) {
   CHECK(b != NULL);
   CHECK(a != b);
   CHECK(check_aligned(a, 16) && check_aligned(b, 16));
-  CHECK(th_usable_size(a) >= 16);
+  CHECK(usable_ok(th_usable_size(a), 0));
   if (a) memset(a, 0x5a, th_usable_size(a));
   th_free(a);
   th_free(b);
@@ -234,7 +242,8 @@ static void test_alignments(void) {
         if (!CHECK_MSG(p != NULL, "%s(%zu, %zu)", names[fn], a, n)) continue;
         CHECK_MSG(check_aligned(p, a), "%s(%zu, %zu) = %p", names[fn], a, n, p);
         size_t u = th_usable_size(p);
-        CHECK_MSG(u >= n && u >= 16, "%s(%zu, %zu): usable %zu", names[fn], a, n, u);
+        /* (In secure mode an aligned block lies inside a larger one: at least n, then.) */
+        CHECK_MSG(g_secure ? u >= n : usable_ok(u, n), "%s(%zu, %zu): usable %zu", names[fn], a, n, u);
         /* Writing the whole usable size must not disturb anything: with an aligned block carved out of
          * a larger one, a wrong usable size would overwrite the neighbour or the allocator's data. */
         check_fill(p, u, (unsigned)(a + n));
@@ -475,7 +484,8 @@ static void test_free_null_and_errno(void) {
 }
 
 /* An owner's free is LIFO: the next malloc of the same class gets the block just freed, still in cache, at
- * every size the heap's pages serve (1 B-1 MiB). A block in between, of another class, does not change it. */
+ * every size the heap's pages serve (1 B-1 MiB). A block in between, of another class, does not change it.
+ * In secure mode the freed block is quarantined instead: the next malloc gets another. */
 static void test_free_is_lifo(void) {
   static const size_t sizes[] = {1, 48, 1000, 5000, 40 * KiB, 100 * KiB, 900 * KiB};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -486,7 +496,10 @@ static void test_free_is_lifo(void) {
     th_free(p);
     void *other = th_malloc(sizes[i] * 2 + 100);
     void *q = th_malloc(sizes[i]);
-    CHECK_MSG(q == p, "a %zu-byte malloc after a free of the same size gave %p, not the freed %p", sizes[i], q, p);
+    if (g_secure)
+      CHECK_MSG(q != p, "secure mode: a %zu-byte malloc after a free of the same size gave the freed %p", sizes[i], p);
+    else
+      CHECK_MSG(q == p, "a %zu-byte malloc after a free of the same size gave %p, not the freed %p", sizes[i], q, p);
     th_free(q);
     th_free(other);
     th_free(keep);
@@ -531,6 +544,8 @@ static void test_huge_realloc_no_copy(void) {
 }
 
 int main(void) {
+  const char *secure = getenv("THREADHEAP_SECURE");
+  g_secure = secure != NULL && secure[0] >= '1' && secure[0] <= '2';
   test_minimum_and_alignment();
   test_malloc_zero();
   test_overflow();

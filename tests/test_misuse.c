@@ -34,20 +34,7 @@
 enum op { OP_FREE, OP_REALLOC, OP_USABLE };
 static const char *const op_word[] = {"free of", "realloc of", "malloc_usable_size of"};
 
-/* What the child tells the parent: the words the line must contain, in order of appearance. */
-static int info_fd = -1;
-static char expect_buf[512];
-
-static void expect(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void expect(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(expect_buf, sizeof expect_buf, fmt, ap);
-  va_end(ap);
-  /* One write of a short message to a pipe is atomic; the parent reads until EOF. */
-  ssize_t w = write(info_fd, expect_buf, strlen(expect_buf) + 1);
-  (void)w;
-}
+/* What the child tells the parent (check_expect): the words the line must contain, in order of appearance. */
 
 /* The misuse itself, with op chosen at run time so that the compiler cannot reason about it. */
 static void do_op(enum op op, void *p) {
@@ -81,7 +68,7 @@ static void *thread_free_twice(void *p) {
 }
 static void *thread_alloc(void *size) {
   void *p = th_malloc((size_t)(uintptr_t)size);
-  if (p) memset(p, 0x42, 64);
+  if (p) memset(p, 0x42, (size_t)(uintptr_t)size < 64 ? (size_t)(uintptr_t)size : 64);
   return p;
 }
 
@@ -98,7 +85,7 @@ static void case_double_free(int size_idx, int who) {
   void *p = who == 4 ? run_on_thread(thread_alloc, (void *)(uintptr_t)n) : th_malloc(n);
   if (!p) _exit(91);
   memset(p, 0x42, n < 4096 ? n : 4096);
-  expect("double free at %p (size %zu)", p, th_usable_size(p));
+  check_expect("double free at %p (size %zu)", p, th_usable_size(p));
   switch (who) {
     case 0: th_free(p); th_free(p); break;
     case 1: run_on_thread(thread_free_twice, p); break;
@@ -119,7 +106,7 @@ static void case_double_free_shared_page(void) {
     memset(ps[i], i, 48);
   }
   void *p = ps[N / 2];
-  expect("double free at %p (size %zu)", p, th_usable_size(p));
+  check_expect("double free at %p (size %zu)", p, th_usable_size(p));
   th_free(p);
   th_free(ps[3]);
   th_free(ps[N - 2]);
@@ -137,7 +124,7 @@ static void case_double_free_purged(int by_other) {
     memset(ps[i], i, 40 * KiB);
   }
   void *p = ps[N / 2];
-  expect("double free at %p (size %zu)", p, th_usable_size(p));
+  check_expect("double free at %p (size %zu)", p, th_usable_size(p));
   th_free(p);
   th_collect();
   if (by_other) run_on_thread(thread_free, p);
@@ -148,7 +135,7 @@ static void case_double_free_purged(int by_other) {
 static void case_realloc_zero_then_free(void) {
   void *p = th_malloc(48);
   if (!p) _exit(91);
-  expect("double free at %p (size %zu)", p, th_usable_size(p));
+  check_expect("double free at %p (size %zu)", p, th_usable_size(p));
   void *r = th_realloc(p, 0);
   if (r != NULL) _exit(92);
   th_free(p);
@@ -157,8 +144,8 @@ static void case_realloc_zero_then_free(void) {
 static void case_freed(int size_idx, enum op op) {
   void *p = th_malloc(sizes[size_idx]);
   if (!p) _exit(91);
-  expect("%s a freed block at %p (size %zu)", op == OP_REALLOC ? "realloc of" : "malloc_usable_size of", p,
-         th_usable_size(p));
+  check_expect("%s a freed block at %p (size %zu)", op == OP_REALLOC ? "realloc of" : "malloc_usable_size of", p,
+               th_usable_size(p));
   th_free(p);
   do_op(op, p);
 }
@@ -179,7 +166,7 @@ static void case_invalid(int kind, enum op op) {
   /* threadheap has been used before the bad call, so its tables exist. */
   void *warm = th_malloc(100);
   th_free(warm);
-  expect("%s invalid pointer %p (not allocated by threadheap)", op_word[op], p);
+  check_expect("%s invalid pointer %p (not allocated by threadheap)", op_word[op], p);
   do_op(op, p);
   on_stack[0] = 1; /* keep the array alive until after the call */
 }
@@ -190,7 +177,7 @@ static void case_interior(int size_idx, enum op op) {
   unsigned char *b = th_malloc(isize[size_idx]);
   if (!b) _exit(91);
   void *p = b + offset[size_idx];
-  expect("%s interior pointer %p (block %p, size %zu)", op_word[op], p, (void *)b, th_usable_size(b));
+  check_expect("%s interior pointer %p (block %p, size %zu)", op_word[op], p, (void *)b, th_usable_size(b));
   do_op(op, p);
 }
 
@@ -249,7 +236,7 @@ static void case_recycled(void) {
 /* Runs one misuse case and checks: SIGABRT; stderr is one line, "threadheap: " + the expected text. */
 static void misuse(const char *label, void (*fn)(int, int), int a, int b) {
   check_child_t res;
-  check_run_child(fn, a, b, &info_fd, &res);
+  check_run_child(fn, a, b, &check_info_fd, &res);
   char how[128];
   check_describe(res.status, how, sizeof how);
   printf("%-60s %s", label, res.err_len ? res.err : "(no output)\n");
@@ -269,7 +256,7 @@ static void misuse(const char *label, void (*fn)(int, int), int a, int b) {
 /* Runs a negative control: exit status 0 and nothing on stderr. */
 static void silent(const char *label, void (*fn)(int, int)) {
   check_child_t res;
-  check_run_child(fn, 0, 0, &info_fd, &res);
+  check_run_child(fn, 0, 0, &check_info_fd, &res);
   char how[128];
   CHECK_MSG(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0, "%s: child %s; stderr: %s", label,
             check_describe(res.status, how, sizeof how), res.err);

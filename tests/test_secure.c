@@ -1,0 +1,378 @@
+/* test_secure.c: secure mode's protections (THREADHEAP_SECURE=1, and =2 for zero-on-free; CTest runs both).
+ * Each misuse runs in a forked child, which sends the line it expects on a pipe; the parent checks that the
+ * child died of SIGABRT with exactly that line on stderr, or of SIGSEGV with nothing written (guard pages).
+ * Then, in this process, what secure mode promises that is not a stop: random order of fresh blocks,
+ * delayed reuse, zero-on-free, usable size and realloc. The lines:
+ *   threadheap: heap overflow past block at <p> (size <n>)                 at free or realloc
+ *   threadheap: write after free at <p> (size <n>)                          when the block is handed out again
+ *   threadheap: corrupted free list in page <start> at <p> (size <block>)   when the block is popped */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "threadheap.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+#define SEGMENT ((uintptr_t)4 * MiB)
+#define DELAY 16 /* frees of a small class before a freed block comes back (src/secure.c) */
+
+static int g_mode; /* THREADHEAP_SECURE */
+
+static void *free_on_thread(void *p) {
+  th_free(p);
+  return NULL;
+}
+
+static void run_on_thread(void *(*fn)(void *), void *arg) {
+  pthread_t t;
+  if (pthread_create(&t, NULL, fn, arg) != 0) _exit(90);
+  pthread_join(t, NULL);
+}
+
+static unsigned char *must_malloc(size_t n) {
+  unsigned char *p = th_malloc(n);
+  if (p == NULL) _exit(91);
+  memset(p, 0x5c, n);
+  return p;
+}
+
+/* ---- overflows: reported at free (by the owner or another thread) or realloc */
+
+/* how: 0 the NUL of an off-by-one, 1 a hundred bytes, 2 a byte flipped */
+static void c_overflow(int size, int how) {
+  unsigned char *p = must_malloc((size_t)size);
+  /* A hundred bytes may reach the block's record of its size too: the report then names the block's
+   * largest usable size (src/secure.c), so only the line's start is known here. */
+  if (how == 1) check_expect("threadheap: heap overflow past block at %p (size ", (void *)p);
+  else check_expect("threadheap: heap overflow past block at %p (size %d)\n", (void *)p, size);
+  if (how == 0) p[size] = 0;
+  if (how == 1) memset(p + size, 'A', 100);
+  if (how == 2) p[size] ^= 0x80;
+  th_free(p);
+}
+
+static void c_overflow_realloc(int size, int b) {
+  (void)b;
+  unsigned char *p = must_malloc((size_t)size);
+  check_expect("threadheap: heap overflow past block at %p (size %d)\n", (void *)p, size);
+  p[size] = 0;
+  void *q = th_realloc(p, (size_t)size * 3);
+  fprintf(stderr, "realloc returned %p\n", q);
+}
+
+static void c_overflow_remote(int size, int b) {
+  (void)b;
+  unsigned char *p = must_malloc((size_t)size);
+  check_expect("threadheap: heap overflow past block at %p (size %d)\n", (void *)p, size);
+  p[size] = 0;
+  run_on_thread(free_on_thread, p);
+}
+
+/* An aligned block: reported with the pointer handed out and its usable size. */
+static void c_overflow_aligned(int a, int b) {
+  (void)a, (void)b;
+  unsigned char *p = th_aligned_alloc(256, 1000);
+  if (p == NULL) _exit(91);
+  size_t u = th_usable_size(p);
+  check_expect("threadheap: heap overflow past block at %p (size %zu)\n", (void *)p, u);
+  p[u] = 0;
+  th_free(p);
+}
+
+/* A huge block's canary runs to the end of its last OS page. */
+static void c_overflow_huge(int a, int b) {
+  (void)a, (void)b;
+  size_t n = 2 * MiB + 100;
+  unsigned char *p = must_malloc(n);
+  check_expect("threadheap: heap overflow past block at %p (size %zu)\n", (void *)p, n);
+  p[n] = 0;
+  th_free(p);
+}
+
+/* ---- guard pages: a write faults */
+
+static volatile unsigned char *g_target;
+
+static void write_target(void) {
+  check_expect("SIGSEGV");
+  *g_target = 1;
+}
+
+/* Past a huge block: its size a multiple of the OS page (no canary), or not (past the canary's page); and
+ * after a realloc that grew it (the guard moved with its end). */
+static void c_guard_huge(int which, int b) {
+  (void)b;
+  size_t n = which == 1 ? 2 * MiB + 100 : 2 * MiB;
+  unsigned char *p = must_malloc(n);
+  if (which == 2) {
+    p = th_realloc(p, 3 * MiB);
+    if (p == NULL) _exit(91);
+    n = 3 * MiB;
+  }
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  g_target = p + (n + page - 1) / page * page;
+  p[n - 1] = 1; /* the block's own last byte is writable */
+  write_target();
+}
+
+/* Just past a segment's metadata: the guard is the one inaccessible mapping between the segment's start and
+ * page 0's blocks (found in /proc/self/maps). */
+static void c_guard_metadata(int a, int b) {
+  (void)a, (void)b;
+  unsigned char *p = must_malloc(48);
+  uintptr_t seg = (uintptr_t)p & ~(SEGMENT - 1);
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (f == NULL) _exit(92);
+  char line[512];
+  uintptr_t guard = 0;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    char perms[8];
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo > seg && lo < seg + 64 * KiB &&
+        strcmp(perms, "---p") == 0) {
+      guard = lo;
+      break;
+    }
+  }
+  fclose(f);
+  if (guard == 0) _exit(93); /* no guard page in the header's page slot */
+  volatile unsigned char *meta = (volatile unsigned char *)guard - 1;
+  (void)*meta; /* the metadata's last byte is readable */
+  g_target = (volatile unsigned char *)guard;
+  write_target();
+}
+
+/* Past the end of a medium page (2 MiB) and of a large one (the whole segment). */
+static void c_guard_page(int size, int b) {
+  (void)b;
+  unsigned char *p = must_malloc((size_t)size);
+  uintptr_t seg = (uintptr_t)p & ~(SEGMENT - 1);
+  unsigned shift = size <= 64 * 1024 ? 21 : 22;
+  uintptr_t end = seg + ((((uintptr_t)p - seg) >> shift) + 1) * ((uintptr_t)1 << shift);
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  ((volatile unsigned char *)(end - page))[-1] = 1; /* the last byte of the page's blocks is writable */
+  g_target = (volatile unsigned char *)(end - page);
+  write_target();
+}
+
+/* ---- writes after free and forged links: found when the block is popped again. In a heap of their own,
+ * whose one page of the class the next malloc pops from. */
+
+static th_heap_t *must_heap(void) {
+  th_heap_t *h = th_heap_create(TH_HEAP_NO_SERIALIZE, 0, 0);
+  if (h == NULL) _exit(94);
+  return h;
+}
+
+static unsigned char *heap_block(th_heap_t *h, size_t n) {
+  unsigned char *p = th_heap_malloc(h, n);
+  if (p == NULL) _exit(91);
+  memset(p, 0x5c, n);
+  return p;
+}
+
+/* Frees DELAY more blocks of the class, so that the block freed before them leaves the quarantine for the
+ * head of its page's list. */
+static void push_out(th_heap_t *h, size_t n) {
+  void *q[DELAY];
+  for (int i = 0; i < DELAY; i++) q[i] = heap_block(h, n);
+  for (int i = 0; i < DELAY; i++) th_free(q[i]);
+}
+
+/* offset: where the program writes in the freed block (8: the tag word, seen in every mode; 40: seen with
+ * zero-on-free). */
+static void c_write_after_free(int offset, int b) {
+  (void)b;
+  th_heap_t *h = must_heap();
+  unsigned char *p = heap_block(h, 48);
+  check_expect("threadheap: write after free at %p (size 48)\n", (void *)p);
+  th_free(p);
+  p[offset] ^= 1; /* a change, whatever the byte was (the tag word's bytes are random) */
+  push_out(h, 48);
+  void *q = th_heap_malloc(h, 48);
+  fprintf(stderr, "malloc returned %p\n", q);
+}
+
+static int a_global;
+static void c_forged_link(int a, int b) {
+  (void)a, (void)b;
+  th_heap_t *h = must_heap();
+  unsigned char *p = heap_block(h, 48);
+  check_expect(" at %p (size 64)\n", (void *)p); /* 48 + 4 bytes of trailer: the 64-byte class */
+  th_free(p);
+  push_out(h, 48);
+  *(void **)p = &a_global;
+  void *q = th_heap_malloc(h, 48);
+  fprintf(stderr, "malloc returned %p\n", q);
+}
+
+/* ---- the parent side */
+
+/* The child's info is the whole line; with prefix, the line is prefix + anything + info; with info_is_prefix,
+ * the line starts with info. */
+static void stop_line(const char *label, void (*fn)(int, int), int a, int b, const char *prefix, int info_is_prefix) {
+  check_child_t res;
+  check_run_child(fn, a, b, &check_info_fd, &res);
+  char how[128];
+  check_describe(res.status, how, sizeof how);
+  printf("%-62s %s", label, res.err_len ? res.err : "(no output)\n");
+  CHECK_MSG(WIFSIGNALED(res.status) && WTERMSIG(res.status) == SIGABRT, "%s: child %s; stderr: %s", label, how,
+            res.err);
+  if (!CHECK_MSG(res.info[0] != '\0', "%s: the child failed before the misuse (%s)", label, how)) return;
+  if (prefix) { /* the line's start, then what the child knew */
+    size_t np = strlen(prefix), ni = strlen(res.info);
+    int ends = res.err_len > ni && strcmp(res.err + res.err_len - ni, res.info) == 0;
+    CHECK_MSG(strncmp(res.err, prefix, np) == 0 && ends && strchr(res.err, '\n') == res.err + res.err_len - 1,
+              "%s: stderr \"%s\", expected \"%s...%s\"", label, res.err, prefix, res.info);
+  } else if (info_is_prefix) {
+    CHECK_MSG(strncmp(res.err, res.info, strlen(res.info)) == 0 && strchr(res.err, '\n') == res.err + res.err_len - 1,
+              "%s: stderr \"%s\", expected \"%s...\"", label, res.err, res.info);
+  } else {
+    CHECK_MSG(strcmp(res.err, res.info) == 0, "%s: stderr \"%s\", expected \"%s\"", label, res.err, res.info);
+  }
+}
+
+static void stop(const char *label, void (*fn)(int, int), int a, int b, const char *prefix) {
+  stop_line(label, fn, a, b, prefix, 0);
+}
+
+static void fault(const char *label, void (*fn)(int, int), int a, int b) {
+  check_child_t res;
+  check_run_child(fn, a, b, &check_info_fd, &res);
+  char how[128];
+  check_describe(res.status, how, sizeof how);
+  printf("%-62s %s\n", label, how);
+  CHECK_MSG(strcmp(res.info, "SIGSEGV") == 0, "%s: the child failed before the write (%s)", label, how);
+  CHECK_MSG(WIFSIGNALED(res.status) && WTERMSIG(res.status) == SIGSEGV, "%s: child %s; stderr: %s", label, how,
+            res.err);
+  CHECK_MSG(res.err_len == 0, "%s: unexpected stderr \"%s\"", label, res.err);
+}
+
+static void c_ovf(int size, int how) { c_overflow(size, how); }
+
+/* ---- in this process */
+
+/* Fresh blocks come in random order: the first 32 of a class in two new heaps (fresh pages each), as offsets
+ * from their lowest, differ, and neither goes up or down in address order, as a plain carve would. */
+static void test_random_order(void) {
+  enum { N = 32 };
+  uintptr_t off[2][N];
+  for (int h = 0; h < 2; h++) {
+    th_heap_t *heap = th_heap_create(TH_HEAP_NO_SERIALIZE, 0, 0);
+    if (!CHECK(heap != NULL)) return;
+    void *p[N];
+    uintptr_t lo = UINTPTR_MAX;
+    for (int i = 0; i < N; i++) {
+      p[i] = th_heap_malloc(heap, 48);
+      if (!CHECK(p[i] != NULL)) return;
+      if ((uintptr_t)p[i] < lo) lo = (uintptr_t)p[i];
+    }
+    int up = 1, down = 1;
+    for (int i = 0; i < N; i++) {
+      off[h][i] = (uintptr_t)p[i] - lo;
+      if (i > 0 && p[i] < p[i - 1]) up = 0;
+      if (i > 0 && p[i] > p[i - 1]) down = 0;
+    }
+    CHECK_MSG(!up && !down, "heap %d: %d fresh blocks handed out in address order", h, N);
+    th_heap_destroy(heap);
+  }
+  CHECK_MSG(memcmp(off[0], off[1], sizeof off[0]) != 0, "two fresh pages handed out their blocks in the same order");
+}
+
+/* A freed block comes back only after DELAY more frees of its class: not in the many mallocs before, and at
+ * the first malloc after (it is then the head of its page's list). A heap of its own: its quarantine is empty. */
+static void test_delayed_reuse(void) {
+  th_heap_t *heap = th_heap_create(TH_HEAP_NO_SERIALIZE, 0, 0);
+  if (!CHECK(heap != NULL)) return;
+  enum { MANY = 200 };
+  void *a = th_heap_malloc(heap, 48), *q[DELAY], *m[MANY];
+  for (int i = 0; i < DELAY; i++) q[i] = th_heap_malloc(heap, 48);
+  th_free(a);
+  for (int i = 0; i < DELAY - 1; i++) th_free(q[i]);
+  int seen = 0;
+  for (int i = 0; i < MANY; i++) seen += (m[i] = th_heap_malloc(heap, 48)) == a;
+  CHECK_MSG(seen == 0, "a freed block came back after %d frees of its class, before %d", DELAY - 1, DELAY);
+  th_free(q[DELAY - 1]);
+  void *back = th_heap_malloc(heap, 48);
+  CHECK_MSG(back == a, "after %d frees the freed block %p is next, got %p", DELAY, a, back);
+  th_heap_destroy(heap);
+}
+
+/* THREADHEAP_SECURE=2: a freed block is zero past its two list words (up to its 4-byte trailer). */
+static void test_zero_on_free(void) {
+  unsigned char *p = th_malloc(100);
+  if (!CHECK(p != NULL)) return;
+  memset(p, 0xab, 100);
+  th_free(p);
+  CHECK_MSG(check_all_zero(p + 16, 100 - 16), "a freed block still holds its data");
+}
+
+/* The usable size is the size asked for, and realloc keeps to it: in place within the size class, moved
+ * beyond, data kept; calloc and huge blocks alike. */
+static void test_sizes(void) {
+  static const size_t sizes[] = {0, 1, 12, 13, 24, 28, 29, 100, 4092, 4096, 5000, 65532, 65536, 300000,
+                                 1048572, 1048573, 2 * MiB, 5 * MiB + 7};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    size_t n = sizes[i];
+    unsigned char *p = th_malloc(n);
+    if (!CHECK(p != NULL)) continue;
+    CHECK_MSG(th_usable_size(p) == n, "usable size of malloc(%zu): %zu", n, th_usable_size(p));
+    check_fill(p, n, (unsigned)i);
+    unsigned char *q = th_realloc(p, n + 1);
+    if (!CHECK(q != NULL)) continue;
+    CHECK_MSG(th_usable_size(q) == n + 1, "usable size after realloc to %zu: %zu", n + 1, th_usable_size(q));
+    CHECK_MSG(check_verify(q, n, (unsigned)i) == n, "realloc(%zu -> %zu) lost data", n, n + 1);
+    q[n] = 0x77; /* the new byte is the program's */
+    unsigned char *r = th_realloc(q, n / 2 + 1);
+    if (!CHECK(r != NULL)) continue;
+    CHECK_MSG(check_verify(r, n / 2, (unsigned)i) == n / 2, "realloc(%zu -> %zu) lost data", n + 1, n / 2 + 1);
+    th_free(r);
+    unsigned char *c = th_calloc(1, n);
+    if (!CHECK(c != NULL)) continue;
+    CHECK_MSG(th_usable_size(c) == n && check_all_zero(c, n), "calloc(1, %zu)", n);
+    th_free(c);
+  }
+}
+
+int main(void) {
+  const char *mode = getenv("THREADHEAP_SECURE");
+  g_mode = mode ? atoi(mode) : 0;
+  if (g_mode < 1 || g_mode > 2) {
+    printf("test_secure: run with THREADHEAP_SECURE=1 or 2\n");
+    return 77;
+  }
+  static const int overflow_sizes[] = {24, 28, 100, 4096, 10000, 65536, 300000};
+  static const char *const how_name[] = {"one NUL byte", "100 bytes", "one byte flipped"};
+  char label[160];
+  for (size_t s = 0; s < sizeof overflow_sizes / sizeof overflow_sizes[0]; s++)
+    for (int how = 0; how < 3; how++) {
+      snprintf(label, sizeof label, "overflow of %s past malloc(%d)", how_name[how], overflow_sizes[s]);
+      stop_line(label, c_ovf, overflow_sizes[s], how, NULL, how == 1);
+    }
+  stop("overflow found by realloc", c_overflow_realloc, 100, 0, NULL);
+  stop("overflow found by another thread's free", c_overflow_remote, 40, 0, NULL);
+  stop("overflow past an aligned block", c_overflow_aligned, 0, 0, NULL);
+  stop("overflow into a huge block's canary", c_overflow_huge, 0, 0, NULL);
+  fault("linear overflow past a huge block of whole pages", c_guard_huge, 0, 0);
+  fault("linear overflow past a huge block's canary page", c_guard_huge, 1, 0);
+  fault("linear overflow past a huge block grown by realloc", c_guard_huge, 2, 0);
+  fault("write just past a segment's metadata", c_guard_metadata, 0, 0);
+  fault("write past the end of a medium page", c_guard_page, 20000, 0);
+  fault("write past the end of a large page", c_guard_page, 300000, 0);
+  stop("write after free into the tag word", c_write_after_free, 8, 0, NULL);
+  if (g_mode == 2) stop("write after free past the list words (zero-on-free)", c_write_after_free, 40, 0, NULL);
+  stop("forged free-list link", c_forged_link, 0, 0, "threadheap: corrupted free list in page 0x");
+  test_random_order();
+  test_delayed_reuse();
+  test_sizes();
+  if (g_mode == 2) test_zero_on_free();
+  return check_summary();
+}
