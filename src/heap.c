@@ -71,7 +71,7 @@ void heap_queue_remove(th_heap_t *heap, th_page_queue_t *q, th_page_t *page) {
   if (was_first && is_class_queue(heap, q)) heap_direct_update(heap, (size_t)(q - heap->queues));
 }
 
-static void queue_push_front(th_heap_t *heap, th_page_queue_t *q, th_page_t *page) {
+void heap_queue_push_front(th_heap_t *heap, th_page_queue_t *q, th_page_t *page) {
   page->prev = NULL;
   page->next = q->first;
   if (q->first) q->first->prev = page;
@@ -80,9 +80,9 @@ static void queue_push_front(th_heap_t *heap, th_page_queue_t *q, th_page_t *pag
   if (is_class_queue(heap, q)) heap_direct_update(heap, (size_t)(q - heap->queues));
 }
 
-static void queue_push_back(th_heap_t *heap, th_page_queue_t *q, th_page_t *page) {
+void heap_queue_push_back(th_heap_t *heap, th_page_queue_t *q, th_page_t *page) {
   if (q->first == NULL) {
-    queue_push_front(heap, q, page);
+    heap_queue_push_front(heap, q, page);
     return;
   }
   page->next = NULL;
@@ -93,7 +93,7 @@ static void queue_push_back(th_heap_t *heap, th_page_queue_t *q, th_page_t *page
 
 void heap_page_insert(th_heap_t *heap, th_page_t *page) {
   page->in_full = 0;
-  queue_push_back(heap, &heap->queues[page->class_idx], page);
+  heap_queue_push_back(heap, &heap->queues[page->class_idx], page);
 }
 
 /* A page parked as full goes back to its queue with its remote frees. Its owner-free count was folded into
@@ -317,7 +317,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
           continue; /* a capped heap at its cap: another page may still have blocks */
         } else if (page_try_set_full(page)) {
           heap_queue_remove(heap, q, page);
-          queue_push_back(heap, &heap->full, page);
+          heap_queue_push_back(heap, &heap->full, page);
           page->in_full = 1;
           heap_count_frees(heap, c, page_owner_frees(page));
           page->used_word |= ~TH_USED_MASK; /* the owner's next free into it carries (page_count_free) */
@@ -329,7 +329,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
       }
       if (q->first != page) {
         heap_queue_remove(heap, q, page);
-        queue_push_front(heap, q, page);
+        heap_queue_push_front(heap, q, page);
       }
       return page;
     }
@@ -348,7 +348,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
     segment_page_free(heap, page);
     return NULL;
   }
-  queue_push_front(heap, q, page);
+  heap_queue_push_front(heap, q, page);
   return page;
 }
 

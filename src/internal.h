@@ -77,6 +77,8 @@ void *heap_malloc_huge(th_heap_t *heap, size_t size);
 th_page_t *heap_page_with_free(th_heap_t *heap, size_t c);
 void heap_init(th_heap_t *heap);
 void heap_queue_remove(th_heap_t *heap, th_page_queue_t *q, th_page_t *page);
+void heap_queue_push_front(th_heap_t *heap, th_page_queue_t *q, th_page_t *page);
+void heap_queue_push_back(th_heap_t *heap, th_page_queue_t *q, th_page_t *page);
 void heap_page_retire(th_heap_t *heap, th_page_t *page);
 void heap_page_insert(th_heap_t *heap, th_page_t *page);
 void heap_collect_ready(th_heap_t *heap);

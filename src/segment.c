@@ -399,11 +399,7 @@ void segment_page_free(th_heap_t *heap, th_page_t *page) {
   if (!page->is_purged && !seg->is_pinned) {
     page->free_since_ms = os_now_ms();
     page->purge_pending = 1;
-    page->prev = heap->purge.last;
-    page->next = NULL;
-    if (heap->purge.last) heap->purge.last->next = page;
-    else heap->purge.first = page;
-    heap->purge.last = page;
+    heap_queue_push_back(heap, &heap->purge, page);
   }
 }
 
@@ -464,18 +460,15 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
   if (seg == NULL) return false;
   stats_count(&th_stats_global.segments_adopted);
   heap_segment_own(heap, seg);
-  /* Free slots the exiting thread left committed (heap_exit) join this heap's purge queue, at its front (they
-   * were freed before anything on it), with the clock they already had. */
+  /* Free slots the exiting thread left committed (heap_exit) join this heap's purge queue with the clock they
+   * already had, at its front: they were mostly freed before anything on it, and one that was not keeps the
+   * slots behind it waiting at most one delay more. */
   for (size_t i = seg->page_count; i-- > 0;) {
     th_page_t *page = &seg->pages[i];
     if (page->in_use || page->is_purged || page->purge_pending || seg->is_pinned) continue;
     if (page->free_since_ms == 0) page->free_since_ms = os_now_ms();
     page->purge_pending = 1;
-    page->prev = NULL;
-    page->next = heap->purge.first;
-    if (heap->purge.first) heap->purge.first->prev = page;
-    else heap->purge.last = page;
-    heap->purge.first = page;
+    heap_queue_push_front(heap, &heap->purge, page);
   }
   for (size_t i = 0; i < seg->page_count; i++) {
     th_page_t *page = &seg->pages[i];
