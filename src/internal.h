@@ -513,20 +513,20 @@ static inline void page_free_from_local(th_page_t *page) {
   page->local_free = NULL;
 }
 
-/* The page the direct tables give for a request of size bytes (its class's first page, or an empty one); NULL
- * for a huge size. */
+/* The page the direct tables give for a request of size <= TH_LARGE_MAX bytes (its class's first page, or an
+ * empty one). */
 static inline th_page_t *heap_page_for_size(th_heap_t *heap, size_t size) {
   if (th_likely(size <= TH_DIRECT_MAX)) return heap->direct[(size + 15) >> 4];
   if (size <= TH_MEDIUM_MAX) return heap->direct_medium[(size + 255) >> 8];
-  if (size <= TH_LARGE_MAX) return heap->direct_large[(size + 16383) >> 14];
-  return NULL;
+  return heap->direct_large[(size + 16383) >> 14];
 }
 
 /* The malloc fast path on a heap (th_malloc on the thread's, th_heap_malloc on an explicit one): a table
  * lookup and a pop, no lock, no atomic; everything else is a tail call. */
 static inline void *heap_malloc(th_heap_t *heap, size_t size) {
   th_page_t *page;
-  /* heap_page_for_size's lookup, written out: its NULL test for huge sizes costs the pop path 4 instructions. */
+  /* heap_page_for_size's lookup with the huge case as its last branch: a test of its own before or after the
+   * lookup (NULL for huge) cost the pop path 4 instructions. */
   if (th_likely(size <= TH_DIRECT_MAX)) page = heap->direct[(size + 15) >> 4];
   else if (size <= TH_MEDIUM_MAX) page = heap->direct_medium[(size + 255) >> 8];
   else if (size <= TH_LARGE_MAX) page = heap->direct_large[(size + 16383) >> 14];

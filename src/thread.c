@@ -197,6 +197,7 @@ void thread_struct_free(th_heap_t *heap) {
 extern void _IO_list_lock(void) __attribute__((weak));
 extern void _IO_list_unlock(void) __attribute__((weak));
 extern void _IO_list_resetlock(void) __attribute__((weak));
+static inline bool stdio_list_lock_known(void) { return _IO_list_lock && _IO_list_unlock && _IO_list_resetlock; }
 
 _Atomic(uintptr_t) thread_fork_owner;
 static _Atomic(unsigned) fork_pending;
@@ -242,7 +243,7 @@ static void fork_prepare(void) {
     fork_depth++;
     return;
   }
-  if (_IO_list_lock && _IO_list_unlock && _IO_list_resetlock) _IO_list_lock();
+  if (stdio_list_lock_known()) _IO_list_lock();
   unsigned level = ++fork_level;
   atomic_fetch_add_explicit(&fork_pending, 1, memory_order_acq_rel);
   thread_lock_for_fork(&heaps_lock, level);
@@ -262,7 +263,7 @@ static void fork_parent(void) {
   explicit_unlock_all(level, false);
   thread_unlock_after_fork(&heaps_lock, level, false);
   atomic_fetch_sub_explicit(&fork_pending, 1, memory_order_acq_rel);
-  if (_IO_list_lock && _IO_list_unlock && _IO_list_resetlock) _IO_list_unlock();
+  if (stdio_list_lock_known()) _IO_list_unlock();
 }
 
 static void fork_child(void) {
@@ -275,7 +276,7 @@ static void fork_child(void) {
   segment_unlock_all(level, true);
   explicit_unlock_all(level, true);
   thread_unlock_after_fork(&heaps_lock, level, true);
-  if (_IO_list_lock && _IO_list_unlock && _IO_list_resetlock) _IO_list_resetlock();
+  if (stdio_list_lock_known()) _IO_list_resetlock();
   /* A fork inside another's prepare (from a signal handler) leaves the outer prepare to finish: it still
    * counts as pending. */
   atomic_store_explicit(&fork_pending, fork_level, memory_order_relaxed);
