@@ -17,12 +17,12 @@ pointers) stopped with one line.
 
 The package holds the shared and static libraries, the headers, threadheap.pc, the CMake package and the
 threadheap command (run, top, profile, bench).")
-# The libraries the .so and the touch workload link (libc, libunwind), as dpkg-shlibdeps finds them; zlib and
+# The libraries the .so and the touch workload link (libc), as dpkg-shlibdeps finds them; libunwind, zlib and
 # protobuf-c, which the library opens with dlopen when profiling starts, named here; the command is Python. Heap profiles are read with protobuf, whose schema Debian's protoc
 # compiles on first use, and symbolised with addr2line; bench, --record and --flame draw with matplotlib, and
 # bench and top's live view print with rich.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "python3, libprotobuf-c1, zlib1g")
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "python3, libprotobuf-c1, zlib1g, libunwind8")
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "python3-protobuf, protobuf-compiler, binutils")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS
   "python3-rich, python3-matplotlib, libprotobuf-c-dev, zlib1g-dev, libunwind-dev, pkg-config, cmake")

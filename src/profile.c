@@ -12,8 +12,11 @@
  * before the next slow path, and L + F - 1 <= k, the allocation that crosses the sample point (the k+1-th)
  * always reaches the slow path, which samples it. The allocations served in between are counted from the
  * page's own used_word (pops and frees each change it by a known amount). */
+#include <dlfcn.h>
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
+/* Only for libunwind's types and function names: the library itself is opened when profiling starts. */
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 
@@ -115,15 +118,43 @@ static _Atomic(unsigned) fast_unwind_threads;
 enum { UNWIND_UNDECIDED, UNWIND_FAST, UNWIND_STEP };
 static __thread uint8_t unwind_kind __attribute__((tls_model("initial-exec")));
 
+/* libunwind's functions, from dlopen when profiling starts (unwind_open), like zlib and protobuf-c: a process
+ * that does not profile maps none of it, nor the liblzma it brings (docs/design.md, "Resident size at start").
+ * The names are those libunwind.h's macros give (the local-only unwinder's). */
+#define UNW_NAME(fn) UNW_NAME_(fn)
+#define UNW_NAME_(fn) #fn
+static struct {
+  __typeof__(unw_tdep_getcontext) *getcontext;
+  __typeof__(unw_init_local) *init_local;
+  __typeof__(unw_get_reg) *get_reg;
+  __typeof__(unw_step) *step;
+  __typeof__(unw_backtrace) *backtrace;
+} unw;
+
+static bool unwind_open(void) {
+  char why[256] = "";
+  void *h = profile_open_lib("libunwind.so.8", why, sizeof why);
+#define UNW_SYMBOL(field, fn) (unw.field = (__typeof__(unw.field))dlsym(h, UNW_NAME(fn))) != NULL
+  if (h && UNW_SYMBOL(getcontext, unw_tdep_getcontext) && UNW_SYMBOL(init_local, unw_init_local) &&
+      UNW_SYMBOL(get_reg, unw_get_reg) && UNW_SYMBOL(step, unw_step) && UNW_SYMBOL(backtrace, unw_backtrace))
+    return true;
+#undef UNW_SYMBOL
+  char line[512];
+  int n = snprintf(line, sizeof line, "threadheap: heap profiles need libunwind.so.8 (%s); profiling is off\n",
+                   why[0] ? why : "a function is missing");
+  os_write_err(line, n > 0 && (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+  return false;
+}
+
 static int trace_step(void **ip, int cap) {
   unw_context_t uc;
   unw_cursor_t cursor;
-  if (unw_getcontext(&uc) != 0 || unw_init_local(&cursor, &uc) != 0) return 0;
+  if (unw.getcontext(&uc) != 0 || unw.init_local(&cursor, &uc) != 0) return 0;
   int n = 0;
   unw_word_t pc;
-  while (n < cap && unw_get_reg(&cursor, UNW_REG_IP, &pc) == 0 && pc != 0) {
+  while (n < cap && unw.get_reg(&cursor, UNW_REG_IP, &pc) == 0 && pc != 0) {
     ip[n++] = (void *)pc;
-    if (unw_step(&cursor) <= 0) break;
+    if (unw.step(&cursor) <= 0) break;
   }
   return n;
 }
@@ -142,13 +173,26 @@ static uint32_t trace_here(uintptr_t *pc, uint32_t max) {
     if (!fast) atomic_fetch_sub_explicit(&fast_unwind_threads, 1, memory_order_relaxed);
     unwind_kind = fast ? UNWIND_FAST : UNWIND_STEP;
   }
-  int n = unwind_kind == UNWIND_FAST ? unw_backtrace(ip, cap) : trace_step(ip, cap);
+  int n = unwind_kind == UNWIND_FAST ? unw.backtrace(ip, cap) : trace_step(ip, cap);
   int i = 0;
   while (i < n && (uintptr_t)ip[i] >= own_lo && (uintptr_t)ip[i] < own_hi) i++; /* still inside threadheap */
   uint32_t k = 0;
   for (; i < n && k < max && ip[i] != NULL; i++)
     pc[k++] = (uintptr_t)ip[i] - 1; /* a return address: the call is the instruction before */
   return k;
+}
+
+/* A thread's first unwind, at a point where threadheap's state is whole (the start of profiling, or the
+ * start of the slow path that attaches a sampler to the thread's heap; see sampler_attach). libunwind is
+ * opened with dlopen, so its thread-local variables are made on their first use in each thread, with malloc:
+ * this malloc is served as any other (in_profiler keeps it out of the samples), never from the middle of a
+ * page being carved or a block being recorded. A fast-path thread maps its frame cache here too. */
+static void unwind_warm(void) {
+  if (unwind_kind != UNWIND_UNDECIDED) return;
+  uintptr_t warm[PROFILE_DEPTH];
+  in_profiler++;
+  (void)trace_here(warm, PROFILE_DEPTH);
+  in_profiler--;
 }
 
 static uint64_t hash_pcs(const uintptr_t *pc, uint32_t n) {
@@ -485,6 +529,7 @@ static th_sampler_t *sampler_attach(th_heap_t *heap) {
   s->busy_class = 0;
   for (size_t c = 0; c < TH_CLASS_COUNT; c++) s->left[c] = draw_distance(&s->rng), s->free_share[c] = 128;
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) cut(heap, s, c);
+  unwind_warm(); /* the thread's first slow path while profiling: its unwinder state, made now */
   return s;
 }
 
@@ -553,10 +598,9 @@ void profile_init(void) {
   atomic_store_explicit(&fresh_left, draw_shared(), memory_order_relaxed);
   atomic_store_explicit(&huge_left, draw_shared(), memory_order_relaxed);
   find_own_code();
-  /* The unwinder's first use, here, before any sample: whatever it sets up once is done now (each thread's
-   * first sample maps that thread's frame cache). */
-  uintptr_t warm[PROFILE_DEPTH];
-  (void)trace_here(warm, PROFILE_DEPTH);
+  if (!unwind_open()) return;
+  /* The unwinder's first use, here, before any sample: whatever it sets up once is done now. */
+  unwind_warm();
   profile_writer_open(); /* zlib and protobuf-c, loaded only now */
   sample_heap = explicit_create_samples();
   if (sample_heap == NULL) return;

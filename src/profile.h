@@ -5,6 +5,7 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define PROFILE_DEPTH 64
@@ -38,6 +39,8 @@ void profile_enter(void);
 void profile_leave(void);
 
 /* profile_write.c */
+/* dlopen of soname (RTLD_NOW, RTLD_LOCAL), or NULL with dlerror's words copied to why if why is still empty. */
+void *profile_open_lib(const char *soname, char *why, size_t cap);
 void profile_writer_open(void);
 void profile_signal_init(void);
 void profile_write_fork_child(void);

@@ -34,7 +34,7 @@ const char protobuf_c_empty_string[] __attribute__((visibility("hidden"))) = "";
 #define LIB_SYMBOL(handle, field, name) (lib.field = (__typeof__(lib.field))dlsym(handle, name)) != NULL
 
 /* dlopen of soname, or NULL with dlerror's words copied to why (the next dl call may overwrite them). */
-static void *open_lib(const char *soname, char *why, size_t cap) {
+void *profile_open_lib(const char *soname, char *why, size_t cap) {
   void *h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
   const char *e = h ? NULL : dlerror();
   if (e && why[0] == '\0') snprintf(why, cap, "%s", e);
@@ -43,7 +43,8 @@ static void *open_lib(const char *soname, char *why, size_t cap) {
 
 void profile_writer_open(void) {
   char why[256] = "";
-  void *z = open_lib("libz.so.1", why, sizeof why), *pb = open_lib("libprotobuf-c.so.1", why, sizeof why);
+  void *z = profile_open_lib("libz.so.1", why, sizeof why);
+  void *pb = profile_open_lib("libprotobuf-c.so.1", why, sizeof why);
   if (z && pb && LIB_SYMBOL(z, deflate_init, "deflateInit2_") && LIB_SYMBOL(z, deflate, "deflate") &&
       LIB_SYMBOL(z, deflate_end, "deflateEnd") && LIB_SYMBOL(pb, pack, "protobuf_c_message_pack_to_buffer"))
     return;
