@@ -467,6 +467,41 @@ def no_writer(tmp):
     check(os.listdir(folder) == [], f"no writer: nothing written ({os.listdir(folder)})")
 
 
+def no_unwinder(tmp):
+    """libunwind is opened only when profiling starts: a preloaded process that does not profile maps neither it
+    nor liblzma, and one that profiles maps it. Without it (a libunwind.so.8 that is not a library, found first
+    on LD_LIBRARY_PATH), profiling says so in one line and stays off: the program runs and no profile is
+    written."""
+    folder = os.path.join(tmp, "nounwinder")
+    bogus = os.path.join(tmp, "nounwind")
+    os.makedirs(folder)
+    os.makedirs(bogus)
+    with open(os.path.join(bogus, "libunwind.so.8"), "w") as f:
+        f.write("not a library\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("THREADHEAP_")}
+    base["LD_PRELOAD"] = LIB
+
+    def maps(extra):
+        r = subprocess.run(["cat", "/proc/self/maps"], env=dict(base, **extra), capture_output=True, text=True,
+                           timeout=60)
+        return r, sorted({os.path.basename(line.split()[-1]) for line in r.stdout.splitlines() if ".so" in line})
+
+    r, off = maps({})
+    check(r.returncode == 0 and any("libthreadheap" in m for m in off)
+          and not any("libunwind" in m or "liblzma" in m for m in off),
+          f"no unwinder: a process that does not profile maps no libunwind ({off})")
+    r, on = maps({"THREADHEAP_PROFILE": os.path.join(folder, "on.pb.gz")})
+    check(r.returncode == 0 and any("libunwind" in m for m in on),
+          f"no unwinder: a process that profiles maps libunwind ({on})")
+    os.remove(os.path.join(folder, "on.pb.gz"))
+    r, _ = maps({"THREADHEAP_PROFILE": os.path.join(folder, "exit.pb.gz"), "LD_LIBRARY_PATH": bogus})
+    lines = r.stderr.splitlines()
+    check(r.returncode == 0, "no unwinder: the program runs" + tail(r.returncode, r.stdout, r.stderr))
+    check(len(lines) == 1 and lines[0].startswith("threadheap: heap profiles need libunwind.so.8 (")
+          and lines[0].endswith("); profiling is off"), f"no unwinder: one line on stderr says why ({lines})")
+    check(os.listdir(folder) == [], f"no unwinder: nothing written ({os.listdir(folder)})")
+
+
 def main():
     if GO is None:
         print("test_profile: go (Debian's golang-go) is needed to read the profiles")
@@ -487,6 +522,7 @@ def main():
         dump_threads(tmp)
         dump_errors(tmp)
         no_writer(tmp)
+        no_unwinder(tmp)
     print(f"{len(failures)} failed")
     return 1 if failures else 0
 
