@@ -89,7 +89,17 @@ TH_API TH_HOT void th_free(void *p) {
 TH_API void free(void *p) __attribute__((alias("th_free")));
 #endif
 
+/* Every free th_free does not do: secure segments' blocks go to secure.c first (their frees all come here),
+ * the rest to the checks. Two tail calls: the secure path saves no registers here. */
 TH_NOINLINE void free_slow(void *p) {
+  uintptr_t region = (uintptr_t)p >> TH_SEGMENT_SHIFT;
+  if (region < TH_MAP_ENTRIES && atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) == TH_MAP_SLOW)
+    secure_free_fast(p);
+  else
+    free_checked(p);
+}
+
+TH_NOINLINE void free_checked(void *p) {
   if (p == NULL) return;
   int saved_errno = errno; /* free never changes errno, even when it unmaps */
   th_segment_t *seg;
@@ -288,6 +298,18 @@ _Noreturn void report_block(const char *problem, const void *page, const void *p
   }
   put_str(&l, " at ");
   put_block(&l, p, size);
+  finish(&l);
+}
+
+_Noreturn void report_block_lost(const char *problem, const void *p, size_t most) {
+  line_t l = {.n = 0};
+  put_str(&l, "threadheap: ");
+  put_str(&l, problem);
+  put_str(&l, " at ");
+  put_hex(&l, (uintptr_t)p);
+  put_str(&l, " (its size record overwritten too; usable size at most ");
+  put_dec(&l, most);
+  put_str(&l, ")");
   finish(&l);
 }
 
