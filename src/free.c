@@ -165,13 +165,17 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
   th_page_t *page = segment_page_of(seg, p);
   *page_out = page;
   uint32_t capacity = __atomic_load_n(&page->capacity, __ATOMIC_RELAXED);
+  const uint8_t *u = p;
   if (!page->in_use || capacity == 0) {
-    /* A page freed after all its blocks were: a block start that still carries its tag was freed twice. */
-    if (((uintptr_t)p & 15) == 0 && ((const th_block_t *)p)->tag == free_tag(p))
+    /* A page freed after all its blocks were: a block start that still carries its tag was freed twice.
+     * Read only inside the slot's blocks: in secure mode a guard page may follow them (or precede them). */
+    size_t area_size;
+    const uint8_t *area = page_area(seg, (size_t)(page - seg->pages), &area_size);
+    if (((uintptr_t)p & 15) == 0 && u >= area && u + sizeof(th_block_t) <= area + area_size &&
+        ((const th_block_t *)p)->tag == free_tag(p))
       report_misuse(TH_MISUSE_FREED, op, p, p, 0);
     report_invalid(op, p);
   }
-  const uint8_t *u = p;
   if (u < page->start || u >= page->start + (size_t)capacity * page->block_size) report_invalid(op, p);
   size_t rem = page_block_offset(page, p);
   th_block_t *b = (th_block_t *)(u - rem);

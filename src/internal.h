@@ -274,7 +274,8 @@ typedef struct th_options_s {
   long secure;              /* THREADHEAP_SECURE: 1 checks blocks (secure.c), 2 also zeroes them when freed */
 } th_options_t;
 extern th_options_t th_options;
-void options_init(void);
+void options_init(void); /* process_init (once), and the library constructor */
+void options_print(void);
 /* One "threadheap: ..." line on stderr when THREADHEAP_VERBOSE is on; keeps errno. Slow paths only. */
 void options_verbose(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -2,8 +2,11 @@
  * Each misuse runs in a forked child, which sends the line it expects on a pipe; the parent checks that the
  * child died of SIGABRT with exactly that line on stderr, or of SIGSEGV with nothing written (guard pages).
  * Then, in this process, what secure mode promises that is not a stop: random order of fresh blocks,
- * delayed reuse, zero-on-free, usable size and realloc. The lines:
+ * delayed reuse (of remote frees too), zero-on-free, usable size and realloc, and secure heaps for threads
+ * started before the library's constructor. The lines:
  *   threadheap: heap overflow past block at <p> (size <n>)                 at free or realloc
+ *   threadheap: heap overflow past block at <p> (its size record overwritten too; usable size at most <n>)
+ *   threadheap: free of invalid pointer <p> (not allocated by threadheap)  a free into a guard page
  *   threadheap: write after free at <p> (size <n>)                          when the block is handed out again
  *   threadheap: corrupted free list in page <start> at <p> (size <block>)   when the block is popped */
 #define _GNU_SOURCE
@@ -25,6 +28,22 @@
 #define DELAY 16 /* frees of a small class before a freed block comes back (src/secure.c) */
 
 static int g_mode; /* THREADHEAP_SECURE */
+
+/* A thread started before any library constructor has run (from the program's .preinit_array, as start-up
+ * code may), which makes its heap then: its blocks are checked like every other's. It has exited by main. */
+#define EARLY_SIZE 40
+static unsigned char *g_early_block;
+static void *early_thread(void *arg) {
+  (void)arg;
+  g_early_block = th_malloc(EARLY_SIZE);
+  if (g_early_block) memset(g_early_block, 0x5c, EARLY_SIZE);
+  return NULL;
+}
+static void early_start(void) {
+  pthread_t t;
+  if (pthread_create(&t, NULL, early_thread, NULL) == 0) pthread_join(t, NULL);
+}
+__attribute__((section(".preinit_array"), used)) static void (*const early_init)(void) = early_start;
 
 static void *free_on_thread(void *p) {
   th_free(p);
@@ -104,6 +123,47 @@ static void c_overflow_huge(int a, int b) {
   check_expect("threadheap: heap overflow past block at %p (size %zu)\n", (void *)p, n);
   p[n] = 0;
   th_free(p);
+}
+
+/* The early thread's block: an overflow found at its free. */
+static void c_overflow_early(int a, int b) {
+  (void)a, (void)b;
+  if (g_early_block == NULL) _exit(91);
+  check_expect("threadheap: heap overflow past block at %p (size %d)\n", (void *)g_early_block, EARLY_SIZE);
+  g_early_block[EARLY_SIZE] = 0;
+  th_free(g_early_block);
+}
+
+/* ---- a free of a pointer into a guard page is reported, not a fault */
+
+/* which 0: the guard at the end of a medium page slot not in use (the segment's second), 1: at the end of
+ * the page in use, 2: after the segment's metadata (found as in c_guard_metadata, below). */
+static void c_free_guard(int which, int b) {
+  (void)b;
+  th_heap_t *h = th_heap_create(TH_HEAP_NO_SERIALIZE, 0, 0);
+  if (h == NULL) _exit(94);
+  unsigned char *p = th_heap_malloc(h, 20000); /* the first page of a new medium segment (2 MiB pages) */
+  if (p == NULL) _exit(91);
+  uintptr_t seg = (uintptr_t)p & ~(SEGMENT - 1), page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t target = which == 0 ? seg + SEGMENT - page : which == 1 ? seg + SEGMENT / 2 - page : seg;
+  if (which == 2) { /* the one inaccessible page between the segment's start and its first blocks */
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (f == NULL) _exit(92);
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+      unsigned long lo, hi;
+      char perms[8];
+      if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo > seg && lo < seg + 64 * KiB &&
+          strcmp(perms, "---p") == 0) {
+        target = lo;
+        break;
+      }
+    }
+    fclose(f);
+    if (target == seg) _exit(93);
+  }
+  check_expect("threadheap: free of invalid pointer %p (not allocated by threadheap)\n", (void *)target);
+  th_free((void *)target);
 }
 
 /* ---- guard pages: a write faults */
@@ -307,6 +367,35 @@ static void test_delayed_reuse(void) {
   th_heap_destroy(heap);
 }
 
+/* A block freed by a thread other than its owner (serialized 0: another thread frees a block of a heap
+ * this thread owns; 1: a serialized heap, every free of whose blocks is remote) is not handed out again
+ * before DELAY more frees of its class, although its page runs dry meanwhile (a page holds 32 blocks of
+ * the class), and comes back after them. The frees are this thread's, in the order of the test. */
+static void test_remote_delay(int serialized) {
+  enum { SIZE = 2000, BEFORE = 200, AFTER = 3000 };
+  const char *what = serialized ? "serialized heap" : "another thread's free";
+  /* A cap makes a serialized heap a single shard, whose quarantine sees every free. */
+  th_heap_t *h = serialized ? th_heap_create(0, 0, (size_t)1 << 30) : th_heap_create(TH_HEAP_NO_SERIALIZE, 0, 0);
+  if (!CHECK(h != NULL)) return;
+  static void *held[BEFORE + AFTER];
+  int n = 0;
+  void *a = th_heap_malloc(h, SIZE);
+  if (!CHECK(a != NULL)) return;
+  if (serialized) th_free(a);
+  else run_on_thread(free_on_thread, a);
+  int early = 0; /* a handed out before DELAY more frees */
+  for (int i = 0; i < BEFORE; i++) early += (held[n++] = th_heap_malloc(h, SIZE)) == a;
+  for (int i = 0; i < DELAY - 1; i++) th_free(held[--n]);
+  for (int i = 0; i < BEFORE; i++) early += (held[n++] = th_heap_malloc(h, SIZE)) == a;
+  CHECK_MSG(early == 0, "%s: the block freed remotely came back %d time(s) before %d more frees of its class", what,
+            early, DELAY);
+  th_free(held[--n]); /* the DELAY-th */
+  int back = 0;
+  for (int i = 0; i < AFTER && !back; i++) back = (held[n++] = th_heap_malloc(h, SIZE)) == a;
+  CHECK_MSG(back, "%s: the block freed remotely never came back after %d more frees", what, DELAY);
+  th_heap_destroy(h);
+}
+
 /* THREADHEAP_SECURE=2: a freed block is zero past its two list words (up to its 4-byte trailer). */
 static void test_zero_on_free(void) {
   unsigned char *p = th_malloc(100);
@@ -370,6 +459,16 @@ int main(void) {
   stop("write after free into the tag word", c_write_after_free, 8, 0, NULL);
   if (g_mode == 2) stop("write after free past the list words (zero-on-free)", c_write_after_free, 40, 0, NULL);
   stop("forged free-list link", c_forged_link, 0, 0, "threadheap: corrupted free list in page 0x");
+  stop("free into the guard page of a page slot not in use", c_free_guard, 0, 0, NULL);
+  stop("free into the guard page of a page in use", c_free_guard, 1, 0, NULL);
+  stop("free into the guard page after a segment's metadata", c_free_guard, 2, 0, NULL);
+  /* A thread that made its heap before the library's constructor read THREADHEAP_SECURE. */
+  CHECK_MSG(g_early_block != NULL && th_usable_size(g_early_block) == EARLY_SIZE,
+            "a block of a thread started before the constructors: usable size %zu, not the %d asked for",
+            g_early_block ? th_usable_size(g_early_block) : 0, EARLY_SIZE);
+  stop("overflow past a block of a thread started before the constructors", c_overflow_early, 0, 0, NULL);
+  test_remote_delay(0);
+  test_remote_delay(1);
   test_random_order();
   test_delayed_reuse();
   test_sizes();
