@@ -247,10 +247,11 @@ static void put_dec(line_t *l, size_t v) {
   while (n > 0 && l->n < sizeof l->buf - 1) l->buf[l->n++] = tmp[--n];
 }
 
-/* "<p> (size <size>)": how the reports name a block. */
-static void put_block(line_t *l, const void *p, size_t size) {
+/* "<p> (<what><size>)": how the reports name a block ("size " for the size). */
+static void put_block(line_t *l, const void *p, const char *what, size_t size) {
   put_hex(l, (uintptr_t)p);
-  put_str(l, " (size ");
+  put_str(l, " (");
+  put_str(l, what);
   put_dec(l, size);
   put_str(l, ")");
 }
@@ -272,7 +273,7 @@ _Noreturn void report_misuse(th_misuse_t kind, th_op_t op, const void *p, const 
       put_str(&l, op_names[op]);
       put_str(&l, " of a freed block at ");
     }
-    put_block(&l, p, size);
+    put_block(&l, p, "size ", size);
   } else if (kind == TH_MISUSE_INVALID) {
     put_str(&l, op_names[op]);
     put_str(&l, " of invalid pointer ");
@@ -291,8 +292,9 @@ _Noreturn void report_misuse(th_misuse_t kind, th_op_t op, const void *p, const 
   finish(&l);
 }
 
-/* "threadheap: <problem> [in page <page>] at <p> (size <size>)": secure mode's reports (secure.c). */
-_Noreturn void report_block(const char *problem, const void *page, const void *p, size_t size) {
+/* "threadheap: <problem> [in page <page>] at <p> (<what><size>)": secure mode's reports (secure.c). */
+static _Noreturn void report_block_as(const char *problem, const void *page, const void *p, const char *what,
+                                      size_t size) {
   line_t l = {.n = 0};
   put_str(&l, "threadheap: ");
   put_str(&l, problem);
@@ -301,20 +303,16 @@ _Noreturn void report_block(const char *problem, const void *page, const void *p
     put_hex(&l, (uintptr_t)page);
   }
   put_str(&l, " at ");
-  put_block(&l, p, size);
+  put_block(&l, p, what, size);
   finish(&l);
 }
 
+_Noreturn void report_block(const char *problem, const void *page, const void *p, size_t size) {
+  report_block_as(problem, page, p, "size ", size);
+}
+
 _Noreturn void report_block_lost(const char *problem, const void *p, size_t most) {
-  line_t l = {.n = 0};
-  put_str(&l, "threadheap: ");
-  put_str(&l, problem);
-  put_str(&l, " at ");
-  put_hex(&l, (uintptr_t)p);
-  put_str(&l, " (its size record overwritten too; usable size at most ");
-  put_dec(&l, most);
-  put_str(&l, ")");
-  finish(&l);
+  report_block_as(problem, NULL, p, "its size record overwritten too; usable size at most ", most);
 }
 
 _Noreturn void report_heap_misuse(const char *op, const char *problem, const void *heap) {

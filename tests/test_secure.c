@@ -136,8 +136,29 @@ static void c_overflow_early(int a, int b) {
 
 /* ---- a free of a pointer into a guard page is reported, not a fault */
 
+/* The guard page just past the metadata of the segment at seg: the one inaccessible mapping between the
+ * segment's start and page 0's blocks (found in /proc/self/maps). */
+static uintptr_t metadata_guard(uintptr_t seg) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (f == NULL) _exit(92);
+  char line[512];
+  uintptr_t guard = 0;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    char perms[8];
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo > seg && lo < seg + 64 * KiB &&
+        strcmp(perms, "---p") == 0) {
+      guard = lo;
+      break;
+    }
+  }
+  fclose(f);
+  if (guard == 0) _exit(93); /* no guard page in the header's page slot */
+  return guard;
+}
+
 /* which 0: the guard at the end of a medium page slot not in use (the segment's second), 1: at the end of
- * the page in use, 2: after the segment's metadata (found as in c_guard_metadata, below). */
+ * the page in use, 2: after the segment's metadata. */
 static void c_free_guard(int which, int b) {
   (void)b;
   th_heap_t *h = th_heap_create(TH_HEAP_NO_SERIALIZE, 0, 0);
@@ -145,23 +166,8 @@ static void c_free_guard(int which, int b) {
   unsigned char *p = th_heap_malloc(h, 20000); /* the first page of a new medium segment (2 MiB pages) */
   if (p == NULL) _exit(91);
   uintptr_t seg = (uintptr_t)p & ~(SEGMENT - 1), page = (uintptr_t)sysconf(_SC_PAGESIZE);
-  uintptr_t target = which == 0 ? seg + SEGMENT - page : which == 1 ? seg + SEGMENT / 2 - page : seg;
-  if (which == 2) { /* the one inaccessible page between the segment's start and its first blocks */
-    FILE *f = fopen("/proc/self/maps", "r");
-    if (f == NULL) _exit(92);
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-      unsigned long lo, hi;
-      char perms[8];
-      if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo > seg && lo < seg + 64 * KiB &&
-          strcmp(perms, "---p") == 0) {
-        target = lo;
-        break;
-      }
-    }
-    fclose(f);
-    if (target == seg) _exit(93);
-  }
+  uintptr_t target = which == 0 ? seg + SEGMENT - page : seg + SEGMENT / 2 - page;
+  if (which == 2) target = metadata_guard(seg);
   check_expect("threadheap: free of invalid pointer %p (not allocated by threadheap)\n", (void *)target);
   th_free((void *)target);
 }
@@ -192,27 +198,11 @@ static void c_guard_huge(int which, int b) {
   write_target();
 }
 
-/* Just past a segment's metadata: the guard is the one inaccessible mapping between the segment's start and
- * page 0's blocks (found in /proc/self/maps). */
+/* Just past a segment's metadata. */
 static void c_guard_metadata(int a, int b) {
   (void)a, (void)b;
   unsigned char *p = must_malloc(48);
-  uintptr_t seg = (uintptr_t)p & ~(SEGMENT - 1);
-  FILE *f = fopen("/proc/self/maps", "r");
-  if (f == NULL) _exit(92);
-  char line[512];
-  uintptr_t guard = 0;
-  while (fgets(line, sizeof line, f)) {
-    unsigned long lo, hi;
-    char perms[8];
-    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo > seg && lo < seg + 64 * KiB &&
-        strcmp(perms, "---p") == 0) {
-      guard = lo;
-      break;
-    }
-  }
-  fclose(f);
-  if (guard == 0) _exit(93); /* no guard page in the header's page slot */
+  uintptr_t guard = metadata_guard((uintptr_t)p & ~(SEGMENT - 1));
   volatile unsigned char *meta = (volatile unsigned char *)guard - 1;
   (void)*meta; /* the metadata's last byte is readable */
   g_target = (volatile unsigned char *)guard;
