@@ -206,8 +206,9 @@ void heap_purge(th_heap_t *heap, bool force) {
   uint64_t delay = (uint64_t)th_options.purge_delay;
   if (!force && now < heap->next_purge_ms) return;
   heap->next_purge_ms = now + (delay / 4 > 10 ? delay / 4 : 10);
-  /* Remote frees into a secure heap wait in its quarantine, not on pages this round may free (secure.c). */
-  if (th_unlikely(heap->secure != NULL) && !force) secure_collect_remote(heap, 0);
+  /* Remote frees into a secure heap wait in its quarantine, not on pages this round may free, and classes
+   * no longer freed let theirs go (secure.c). */
+  if (th_unlikely(heap->secure != NULL) && !force) secure_purge(heap);
   if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap); /* before pages change */
   /* Pages emptied by remote frees, in classes this thread no longer allocates, would wait forever: look at
    * every page. One still in use keeps its remote frees for when it runs dry: collecting them now gains

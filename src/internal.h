@@ -239,8 +239,8 @@ void secure_carve(th_page_t *page, uint8_t *first, size_t n); /* page_extend: n 
 /* page_collect: the remote stack taken; returns how many blocks the page counts free now (0: they wait for
  * the quarantine) */
 size_t secure_collect(th_page_t *page, th_block_t *head, size_t n);
-/* Remote frees of class c's pages (c == 0: every class) into the quarantine (heap_purge, and secure.c) */
-void secure_collect_remote(th_heap_t *heap, size_t c);
+/* heap_purge's round: remote frees into the quarantine, and the rings of classes long not freed emptied */
+void secure_purge(th_heap_t *heap);
 void secure_flush(th_heap_t *heap); /* heap_collect: the quarantine empties */
 size_t secure_free_count(const th_page_t *page, bool *ok); /* page_is_valid */
 void secure_segment_init(th_segment_t *seg);    /* guard pages set */

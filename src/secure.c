@@ -314,8 +314,10 @@ void secure_carve(th_page_t *page, uint8_t *first, size_t n) {
 
 typedef struct ring_s {
   th_block_t *slot[DELAY];
-  uint32_t next; /* the oldest slot, next to be reused */
-  uint32_t mask; /* slots - 1 */
+  uint32_t pushed; /* blocks that entered, ever: the oldest slot, next to be reused, is pushed & mask */
+  uint32_t mask;   /* slots - 1 */
+  uint32_t seen;   /* pushed at the heap's last purge round */
+  uint32_t quiet;  /* purge rounds since a block last entered */
 } ring_t;
 
 struct th_secure_heap_s {
@@ -358,10 +360,9 @@ static inline void quarantine(th_heap_t *heap, th_secure_heap_t *q, size_t c, th
     return;
   }
   ring_t *r = &q->ring[c];
-  uint32_t i = r->next;
+  uint32_t i = r->pushed++ & r->mask;
   th_block_t *oldest = r->slot[i];
   r->slot[i] = b;
-  r->next = (i + 1) & r->mask;
   if (oldest) release(heap, oldest);
 }
 
@@ -380,12 +381,43 @@ static void incoming_enter(th_heap_t *heap) {
 
 /* The remote frees of class c's pages (every class for c == 0) enter the quarantine. Pages parked as full
  * that received some go back to their queues first. */
-void secure_collect_remote(th_heap_t *heap, size_t c) {
+static void collect_remote(th_heap_t *heap, size_t c) {
   heap_collect_ready(heap);
   size_t lo = c ? c : 1, hi = c ? c : TH_CLASS_COUNT - 1;
   for (size_t k = lo; k <= hi; k++)
     for (th_page_t *page = heap->queues[k].first; page; page = page->next) page_collect(page);
   incoming_enter(heap);
+}
+
+/* Every block of the ring back to its page. */
+static void ring_flush(th_heap_t *heap, ring_t *r) {
+  for (uint32_t i = 0; i <= r->mask; i++) {
+    th_block_t *b = r->slot[i];
+    r->slot[i] = NULL;
+    if (b) release(heap, b);
+  }
+}
+
+/* Rounds of heap_purge (at least a quarter of the purge delay apart) with no free of a class, after which
+ * its ring empties: a class the program stopped freeing would otherwise pin up to DELAY pages (of up to
+ * 2 MiB each) for good. */
+#define QUIET_ROUNDS 4
+
+/* heap_purge's round (not a forced one): remote frees into the quarantine, so that their pages are not freed
+ * with them; the rings of classes that saw no free for QUIET_ROUNDS rounds back to their pages. */
+void secure_purge(th_heap_t *heap) {
+  collect_remote(heap, 0);
+  th_secure_heap_t *q = heap->secure;
+  if (!q->on) return;
+  for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
+    ring_t *r = &q->ring[c];
+    if (r->pushed != r->seen) {
+      r->seen = r->pushed;
+      r->quiet = 0;
+    } else if (++r->quiet == QUIET_ROUNDS) {
+      ring_flush(heap, r);
+    }
+  }
 }
 
 /* The remote stack, taken whole by page_collect: each block must be one of the page, tagged free by the
@@ -430,15 +462,7 @@ void secure_flush(th_heap_t *heap) {
   if (!q->on) return;
   heap_collect_ready(heap);
   for (;;) {
-    for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
-      ring_t *r = &q->ring[c];
-      for (uint32_t i = 0; i <= r->mask; i++) {
-        th_block_t *b = r->slot[i];
-        r->slot[i] = NULL;
-        if (b) release(heap, b);
-      }
-      r->next = 0;
-    }
+    for (size_t c = 1; c < TH_CLASS_COUNT; c++) ring_flush(heap, &q->ring[c]);
     th_block_t *b = q->incoming;
     if (b == NULL) return;
     q->incoming = NULL;
@@ -481,7 +505,7 @@ void *secure_malloc_fill(th_heap_t *heap, size_t size) {
   size_t c = size_class(size + TRAILER);
   th_page_t *page;
   do { /* a page whose remote frees arrived while it was being parked has none on secure_free: again */
-    secure_collect_remote(heap, c);
+    collect_remote(heap, c);
     page = heap_page_with_free(heap, c);
     if (page == NULL) return NULL;
   } while (page->secure_free == NULL);

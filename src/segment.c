@@ -228,6 +228,10 @@ static size_t cache_limit(size_t size) {
 
 /* Give a segment with no live block back: into the cache, or to the OS when the cache cannot hold it. */
 void segment_release(th_segment_t *seg) {
+  /* A segment of one region keeps secure mode's guard pages for its next use, taken whole (every paged
+   * segment, huge blocks up to 4 MiB); a larger one is what the cache splits and merges (huge blocks of
+   * varying sizes), which guard pages would stop: lifted now, outside the lock. */
+  if (seg->guards != 0 && seg->size > TH_SEGMENT_SIZE) secure_segment_release(seg);
   if (seg->is_sampled) segment_set_sampled(seg, false);
   atomic_store_explicit(&seg->thread_id, 0, memory_order_relaxed);
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
