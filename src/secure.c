@@ -310,7 +310,7 @@ void secure_carve(th_page_t *page, uint8_t *first, size_t n) {
  * The owner's frees enter at once; remote frees (another thread's, and every free into a serialized heap)
  * when the owner collects them: page_collect hands them over (secure_collect), they wait on `incoming`,
  * still counted used by their pages, and enter at the next safe point (secure_malloc_fill, heap_purge),
- * where a block leaving the quarantine may unpark or retire its page. */
+ * where a block leaving the quarantine may unpark its page (not while heap_find_page walks a queue). */
 
 typedef struct ring_s {
   th_block_t *slot[DELAY];
@@ -450,7 +450,8 @@ void secure_heap_attach(th_heap_t *heap) {
   th_secure_heap_t *q = heap->secure_spare;
   if (q == NULL) return; /* out of memory: no quarantine, the other checks stay */
   memset(q, 0, sizeof *q);
-  for (size_t c = 1; c < TH_CLASS_COUNT; c++) q->ring[c].mask = (class_kind(c) == TH_KIND_LARGE ? DELAY_LARGE : DELAY) - 1;
+  for (size_t c = 1; c < TH_CLASS_COUNT; c++)
+    q->ring[c].mask = (class_kind(c) == TH_KIND_LARGE ? DELAY_LARGE : DELAY) - 1;
   q->on = true;
   heap->secure = q;
 }

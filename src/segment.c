@@ -246,8 +246,9 @@ void segment_release(th_segment_t *seg) {
   }
   size_t released = seg->size;
   /* Cached neighbours merge with it: no two cached segments without guard pages touch, so a request up to
-   * their sum takes them as one (or split). A segment is any aligned range with a header at its start: bookkeeping only. Not
-   * one with guard pages (secure.c), which it keeps for its next use: lifting them is a system call. */
+   * their sum takes them as one (or split). A segment is any aligned range with a header at its start:
+   * bookkeeping only. Not one with guard pages (secure.c), which it keeps for its next use: lifting them is
+   * a system call. */
   bool merged = false;
   for (th_segment_t *s = cache_first, *next; s && seg->guards == 0; s = next) {
     next = s->next;
