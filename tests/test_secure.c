@@ -367,7 +367,7 @@ static void test_remote_delay(int serialized) {
   /* A cap makes a serialized heap a single shard, whose quarantine sees every free. */
   th_heap_t *h = serialized ? th_heap_create(0, 0, (size_t)1 << 30) : th_heap_create(TH_HEAP_NO_SERIALIZE, 0, 0);
   if (!CHECK(h != NULL)) return;
-  static void *held[BEFORE + AFTER];
+  static void *held[2 * BEFORE + AFTER]; /* held at most: 2 * BEFORE - DELAY + AFTER */
   int n = 0;
   void *a = th_heap_malloc(h, SIZE);
   if (!CHECK(a != NULL)) return;
