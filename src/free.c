@@ -89,7 +89,17 @@ TH_API TH_HOT void th_free(void *p) {
 TH_API void free(void *p) __attribute__((alias("th_free")));
 #endif
 
+/* Every free th_free does not do: secure segments' blocks go to secure.c first (their frees all come here),
+ * the rest to the checks. Two tail calls: the secure path saves no registers here. */
 TH_NOINLINE void free_slow(void *p) {
+  uintptr_t region = (uintptr_t)p >> TH_SEGMENT_SHIFT;
+  if (region < TH_MAP_ENTRIES && atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) == TH_MAP_SLOW)
+    secure_free_fast(p);
+  else
+    free_checked(p);
+}
+
+TH_NOINLINE void free_checked(void *p) {
   if (p == NULL) return;
   int saved_errno = errno; /* free never changes errno, even when it unmaps */
   th_segment_t *seg;
@@ -155,13 +165,17 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
   th_page_t *page = segment_page_of(seg, p);
   *page_out = page;
   uint32_t capacity = __atomic_load_n(&page->capacity, __ATOMIC_RELAXED);
+  const uint8_t *u = p;
   if (!page->in_use || capacity == 0) {
-    /* A page freed after all its blocks were: a block start that still carries its tag was freed twice. */
-    if (((uintptr_t)p & 15) == 0 && ((const th_block_t *)p)->tag == free_tag(p))
+    /* A page freed after all its blocks were: a block start that still carries its tag was freed twice.
+     * Read only inside the slot's blocks: in secure mode a guard page may follow them (or precede them). */
+    size_t area_size;
+    const uint8_t *area = page_area(seg, (size_t)(page - seg->pages), &area_size);
+    if (((uintptr_t)p & 15) == 0 && u >= area && u + sizeof(th_block_t) <= area + area_size &&
+        ((const th_block_t *)p)->tag == free_tag(p))
       report_misuse(TH_MISUSE_FREED, op, p, p, 0);
     report_invalid(op, p);
   }
-  const uint8_t *u = p;
   if (u < page->start || u >= page->start + (size_t)capacity * page->block_size) report_invalid(op, p);
   size_t rem = page_block_offset(page, p);
   th_block_t *b = (th_block_t *)(u - rem);
@@ -233,10 +247,11 @@ static void put_dec(line_t *l, size_t v) {
   while (n > 0 && l->n < sizeof l->buf - 1) l->buf[l->n++] = tmp[--n];
 }
 
-/* "<p> (size <size>)": how the reports name a block. */
-static void put_block(line_t *l, const void *p, size_t size) {
+/* "<p> (<what><size>)": how the reports name a block ("size " for the size). */
+static void put_block(line_t *l, const void *p, const char *what, size_t size) {
   put_hex(l, (uintptr_t)p);
-  put_str(l, " (size ");
+  put_str(l, " (");
+  put_str(l, what);
   put_dec(l, size);
   put_str(l, ")");
 }
@@ -258,7 +273,7 @@ _Noreturn void report_misuse(th_misuse_t kind, th_op_t op, const void *p, const 
       put_str(&l, op_names[op]);
       put_str(&l, " of a freed block at ");
     }
-    put_block(&l, p, size);
+    put_block(&l, p, "size ", size);
   } else if (kind == TH_MISUSE_INVALID) {
     put_str(&l, op_names[op]);
     put_str(&l, " of invalid pointer ");
@@ -277,8 +292,9 @@ _Noreturn void report_misuse(th_misuse_t kind, th_op_t op, const void *p, const 
   finish(&l);
 }
 
-/* "threadheap: <problem> [in page <page>] at <p> (size <size>)": secure mode's reports (secure.c). */
-_Noreturn void report_block(const char *problem, const void *page, const void *p, size_t size) {
+/* "threadheap: <problem> [in page <page>] at <p> (<what><size>)": secure mode's reports (secure.c). */
+static _Noreturn void report_block_as(const char *problem, const void *page, const void *p, const char *what,
+                                      size_t size) {
   line_t l = {.n = 0};
   put_str(&l, "threadheap: ");
   put_str(&l, problem);
@@ -287,8 +303,16 @@ _Noreturn void report_block(const char *problem, const void *page, const void *p
     put_hex(&l, (uintptr_t)page);
   }
   put_str(&l, " at ");
-  put_block(&l, p, size);
+  put_block(&l, p, what, size);
   finish(&l);
+}
+
+_Noreturn void report_block(const char *problem, const void *page, const void *p, size_t size) {
+  report_block_as(problem, page, p, "size ", size);
+}
+
+_Noreturn void report_block_lost(const char *problem, const void *p, size_t most) {
+  report_block_as(problem, NULL, p, "its size record overwritten too; usable size at most ", most);
 }
 
 _Noreturn void report_heap_misuse(const char *op, const char *problem, const void *heap) {

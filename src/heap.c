@@ -237,6 +237,9 @@ void heap_purge(th_heap_t *heap, bool force) {
   uint64_t delay = (uint64_t)th_options.purge_delay;
   if (!force && now < heap->next_purge_ms) return;
   heap->next_purge_ms = now + (delay / 4 > 10 ? delay / 4 : 10);
+  /* Remote frees into a secure heap wait in its quarantine, not on pages this round may free, and classes
+   * no longer freed let theirs go (secure.c). */
+  if (th_unlikely(heap->secure != NULL) && !force) secure_purge(heap);
   if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap); /* before pages change */
   /* Pages emptied by remote frees, in classes this thread no longer allocates, would wait forever: look at
    * every page. One still in use keeps its remote frees for when it runs dry: collecting them now gains
@@ -402,8 +405,15 @@ TH_HOT void *heap_malloc_queue(th_heap_t *heap, size_t size) {
   return heap_malloc_slow(heap, size);
 }
 
-/* The first page of the class has no free block (or there is none), or the block is huge. */
+/* The first page of the class has no free block (or there is none), or the block is huge. A secure heap
+ * has a malloc of its own (secure.c), which comes back to heap_malloc_refill when it needs the rest. */
 TH_NOINLINE void *heap_malloc_slow(th_heap_t *heap, size_t size) {
+  if (th_unlikely(heap->secure != NULL)) return secure_malloc(heap, size);
+  return heap_malloc_refill(heap, size);
+}
+
+/* The slow path proper: a heap for the thread, the purge clock, sampling, then a page with a free block. */
+TH_NOINLINE void *heap_malloc_refill(th_heap_t *heap, size_t size) {
   if (th_unlikely(heap == &th_heap_empty)) {
     if (thread_exited()) return thread_late_malloc(size);
     heap = thread_heap_init();
@@ -447,7 +457,7 @@ th_page_t *heap_page_with_free(th_heap_t *heap, size_t c) {
 /* The rest of the slow path: a huge block, or a page of the class with a free block, and its first block.
  * profile_malloc calls it for the allocations it does not sample. */
 void *heap_malloc_fill(th_heap_t *heap, size_t size) {
-  if (th_unlikely(heap->secure != NULL)) return secure_malloc(heap, size); /* checked blocks, from secure_free */
+  if (th_unlikely(heap->secure != NULL)) return secure_malloc_fill(heap, size); /* checked blocks, from secure_free */
   if (size > TH_LARGE_MAX) return heap_malloc_huge(heap, size);
   th_page_t *page = heap_page_with_free(heap, size_class(size));
   if (page == NULL) return NULL;

@@ -46,6 +46,7 @@
 typedef enum th_op_e { TH_OP_FREE, TH_OP_REALLOC, TH_OP_USABLE_SIZE } th_op_t;
 typedef enum th_misuse_e { TH_MISUSE_FREED, TH_MISUSE_INVALID, TH_MISUSE_INTERIOR } th_misuse_t;
 void free_slow(void *p);
+void free_checked(void *p); /* free_slow's checks, then the free */
 /* The block that p points to, checked: stops the process on an invalid, interior or freed pointer. */
 th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, th_page_t **page_out);
 size_t free_usable_size(const th_page_t *page, const void *p);
@@ -54,6 +55,8 @@ _Noreturn void report_fatal(const char *msg);
 _Noreturn void th_new_out_of_memory(void);
 _Noreturn void report_heap_misuse(const char *op, const char *problem, const void *heap);
 _Noreturn void report_block(const char *problem, const void *page, const void *p, size_t size);
+/* The same for a block whose record of the size asked for was overwritten: most, the largest it could be. */
+_Noreturn void report_block_lost(const char *problem, const void *p, size_t most);
 _Noreturn void report_assert(const char *cond, const char *file, int line);
 
 /* ---- alloc.c */
@@ -72,6 +75,7 @@ extern th_heap_t th_heap_empty;
 extern th_page_t th_page_empty;
 void *heap_malloc_queue(th_heap_t *heap, size_t size);
 void *heap_malloc_slow(th_heap_t *heap, size_t size);
+void *heap_malloc_refill(th_heap_t *heap, size_t size);
 void *heap_malloc_fill(th_heap_t *heap, size_t size);
 void *heap_malloc_huge(th_heap_t *heap, size_t size);
 th_page_t *heap_page_with_free(th_heap_t *heap, size_t c);
@@ -221,14 +225,22 @@ void profile_huge_free(th_segment_t *seg);
 /* ---- secure.c: secure mode (THREADHEAP_SECURE): every malloc and free of a secure heap takes a slow path */
 void secure_start(void); /* the library constructor, once the options are read */
 void secure_heap_attach(th_heap_t *heap); /* a heap made in secure mode: its quarantine */
-void *secure_malloc(th_heap_t *heap, size_t size); /* heap_malloc_fill on a secure heap */
+void *secure_malloc(th_heap_t *heap, size_t size); /* heap_malloc_slow on a secure heap */
+void *secure_malloc_fill(th_heap_t *heap, size_t size); /* heap_malloc_fill on a secure heap */
+/* free_slow's first call, for a pointer in a TH_MAP_SLOW segment's first region: freed there, or passed on
+ * to free_checked. */
+void secure_free_fast(void *p);
 void secure_free(th_segment_t *seg, th_page_t *page, th_block_t *b, const void *p); /* free_slow: p in block b */
 /* th_realloc of a secure block: checked; true when resized in place (within its size class). */
 bool secure_realloc(th_segment_t *seg, th_page_t *page, void *p, size_t size);
 size_t secure_usable_size(const th_page_t *page, const void *p);
 bool secure_is_free(const th_page_t *page, const th_block_t *b); /* free_check_block: a tagged block's witness */
 void secure_carve(th_page_t *page, uint8_t *first, size_t n); /* page_extend: n fresh blocks from first */
-void secure_collect(th_page_t *page, th_block_t *head, size_t n); /* page_collect: the remote stack taken */
+/* page_collect: the remote stack taken; returns how many blocks the page counts free now (0: they wait for
+ * the quarantine) */
+size_t secure_collect(th_page_t *page, th_block_t *head, size_t n);
+/* heap_purge's round: remote frees into the quarantine, and the rings of classes long not freed emptied */
+void secure_purge(th_heap_t *heap);
 void secure_flush(th_heap_t *heap); /* heap_collect: the quarantine empties */
 size_t secure_free_count(const th_page_t *page, bool *ok); /* page_is_valid */
 void secure_segment_init(th_segment_t *seg);    /* guard pages set */
@@ -262,7 +274,8 @@ typedef struct th_options_s {
   long secure;              /* THREADHEAP_SECURE: 1 checks blocks (secure.c), 2 also zeroes them when freed */
 } th_options_t;
 extern th_options_t th_options;
-void options_init(void);
+void options_init(void); /* process_init (once), and the library constructor */
+void options_print(void);
 /* One "threadheap: ..." line on stderr when THREADHEAP_VERBOSE is on; keeps errno. Slow paths only. */
 void options_verbose(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

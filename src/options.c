@@ -8,9 +8,10 @@
 #include "internal.h"
 #include "os.h"
 
-/* Defaults hold until options_init runs from the library constructor, so allocations made before libc is
- * ready (by the dynamic loader, or other constructors) never read the environment. A build with
- * -DTH_SECURE_DEFAULT=ON is in secure mode from the first allocation. */
+/* Defaults hold until options_init runs: from process_init, at the first heap made (or the library
+ * constructor, if that comes first), so that threads started before any constructor ran (from a program's
+ * .preinit_array) get heaps of the chosen mode too. Before libc has set environ, os_getenv reads the
+ * environment from /proc. A build with -DTH_SECURE_DEFAULT=ON is in secure mode from the first allocation. */
 #ifndef TH_SECURE_DEFAULT
 #define TH_SECURE_DEFAULT 0
 #endif
@@ -143,7 +144,12 @@ static void print_options(void) {
   options_verbose("version %s, pid %ld, options:%s", th_version(), os_process_id(), line);
 }
 
+/* Read once the environment is known; a read before that (no /proc) is done again by the constructor. */
+static bool options_read;
+
 void options_init(void) {
+  if (options_read) return;
+  th_options.remote_pairs = -1; /* its default follows others: decided again on a second read */
   for (size_t i = 0; i < sizeof option_table / sizeof option_table[0]; i++) {
     const option_desc_t *o = &option_table[i];
     const char *text = os_getenv(o->name);
@@ -160,5 +166,8 @@ void options_init(void) {
   /* Who frees whose memory costs the remote free path a call (docs/design.md): counted by default only where
    * someone will look, with the live export or the statistics at exit. */
   if (th_options.remote_pairs < 0) th_options.remote_pairs = th_options.stats_interval > 0 || th_options.show_stats;
-  print_options();
+  options_read = os_environment_known();
 }
+
+/* THREADHEAP_VERBOSE's first line, from the library constructor (snprintf waits for libc to be ready). */
+void options_print(void) { print_options(); }

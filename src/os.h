@@ -37,8 +37,11 @@ bool os_mutex_lock_timed(pthread_mutex_t *m, unsigned ms);
 
 uint64_t os_now_ms(void);
 uint64_t os_random(void);
-/* The environment variable, or NULL; NULL as well in setuid/setgid programs (AT_SECURE). */
+/* The environment variable, or NULL; NULL as well in setuid/setgid programs (AT_SECURE). Before libc has
+ * set environ, read from /proc/self/environ (THREADHEAP_ variables only). */
 const char *os_getenv(const char *name);
+/* false until the environment can be read: libc has set environ, or /proc/self/environ was read. */
+bool os_environment_known(void);
 /* Write to stderr with no allocation. */
 void os_write_err(const char *s, size_t n);
 /* Create or truncate the file at path and write s to it, with no allocation; false on failure. */

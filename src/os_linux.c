@@ -143,9 +143,57 @@ uint64_t os_random(void) {
   return r;
 }
 
+/* Before libc has set environ (in the program's .preinit_array, or the loader's allocations): the
+ * environment the process started with, from /proc/self/environ, of which only the THREADHEAP_ entries are
+ * kept. Read once, by the first call (options_init, under process_init's once). */
+#define EARLY_PREFIX "THREADHEAP_"
+static char early_env[4096];
+static size_t early_env_len;
+static int early_env_state; /* 0 not read, 1 read, -1 unreadable */
+
+static void early_env_keep(const char *entry, size_t n) {
+  if (n > sizeof EARLY_PREFIX - 1 && memcmp(entry, EARLY_PREFIX, sizeof EARLY_PREFIX - 1) == 0 &&
+      early_env_len + n + 1 <= sizeof early_env) {
+    memcpy(early_env + early_env_len, entry, n);
+    early_env_len += n;
+    early_env[early_env_len++] = '\0';
+  }
+}
+
+static void early_env_read(void) {
+  early_env_state = -1;
+  int fd = open("/proc/self/environ", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  char buf[1024], entry[256];
+  size_t n = 0; /* bytes of the current entry, counted past entry's size too */
+  for (;;) {
+    ssize_t r = read(fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    for (ssize_t i = 0; i < r; i++) {
+      if (buf[i] != '\0') {
+        if (n < sizeof entry) entry[n] = buf[i];
+        n++;
+      } else {
+        if (n <= sizeof entry) early_env_keep(entry, n);
+        n = 0;
+      }
+    }
+  }
+  close(fd);
+  early_env_state = 1;
+}
+
+bool os_environment_known(void) { return environ != NULL || early_env_state == 1; }
+
 const char *os_getenv(const char *name) {
   if (getauxval(AT_SECURE)) return NULL;
-  return getenv(name);
+  if (environ != NULL) return getenv(name);
+  if (early_env_state == 0) early_env_read();
+  size_t n = strlen(name);
+  for (const char *e = early_env; e < early_env + early_env_len; e += strlen(e) + 1)
+    if (strncmp(e, name, n) == 0 && e[n] == '=') return e + n + 1;
+  return NULL;
 }
 
 static bool write_all(int fd, const char *s, size_t n) {

@@ -147,7 +147,9 @@ size_t page_collect(th_page_t *page) {
   if (head == NULL) return 0;
   size_t n = tf_count(tf);
   if (th_unlikely(segment_of_page(page)->is_secure)) {
-    secure_collect(page, head, n); /* checked, and onto secure_free: local_free stays empty */
+    /* checked, and on their way into the quarantine (still counted used: 0), or onto secure_free */
+    n = secure_collect(page, head, n);
+    if (n == 0) return 0;
   } else {
     if (page->local_free != NULL) { /* the stack goes in front: find its tail */
       size_t walked = 1;

@@ -1,39 +1,44 @@
-/* secure.c: secure mode (THREADHEAP_SECURE=1, or 2 for zero-on-free): blocks checked on slow paths. Free
- * lists whose links are encoded and checked when popped, a canary and the requested size after every block
- * (checked by free and realloc), guard pages, fresh blocks handed out in random order, freed blocks held
- * back in a quarantine, and (2) freed blocks zeroed and found still zero when handed out again. Main
- * functions: secure_malloc, secure_free.
+/* secure.c: secure mode (THREADHEAP_SECURE=1, or 2 for zero-on-free): blocks checked on their way in and
+ * out. Free lists whose links are encoded and checked when popped, a canary and the requested size after
+ * every block (checked by free and realloc), guard pages, fresh blocks handed out in random order, freed
+ * blocks held back in a quarantine, and (2) freed blocks zeroed and found still zero when handed out again.
+ * Main functions: secure_malloc, secure_free_fast.
  *
  * The fast paths are left as they are, not one instruction added (docs/design.md, "Secure mode"): a secure
  * heap's direct tables always name th_page_empty, and its pages keep free and local_free empty (their free
  * blocks wait on secure_free), so heap_malloc and heap_malloc_queue both fall through to heap_malloc_slow,
- * whose heap_malloc_fill comes here; and a secure segment's map entry is TH_MAP_SLOW, not 1, so th_free
- * sends every free to free_slow, which comes here, as it does for the profiler's sampled blocks.
+ * whose first test sends a secure heap here (secure_malloc); and a secure segment's map entry is
+ * TH_MAP_SLOW, not 1, so th_free sends every free to free_slow, whose first test sends it here
+ * (secure_free_fast). Both serve the common case themselves and leave the rest to the generic slow paths,
+ * which call back into secure_malloc_fill and secure_free.
  *
  * A block of a heap page is laid out as [the size asked for][canary][4-byte trailer], the trailer being
  * the size asked for XOR a secret of the block, its most significant byte first: that byte is the secret's
  * (sizes are below 2^24) and never 0, so that the first byte past the program's bytes is always checked
- * exactly, whether canary or trailer, and an off-by-one NUL is always caught. A request of n bytes takes the
- * size class of n + 4. The usable size is n (a 16-byte block's trailer shares the tag word, so a report on
- * one already freed names 12). A huge block keeps its size in its segment (huge_size): its
- * canary runs to the end of its last OS page, and a guard page follows. */
+ * exactly, whether canary or trailer, and an off-by-one NUL is always caught. The canary is the first
+ * CANARY bytes of the slack (all of it when shorter). A request of n bytes takes the size class of n + 4.
+ * The usable size is n (a 16-byte block's trailer shares the tag word, so a report on one already freed
+ * names 12). A huge block keeps its size in its segment (huge_size): its canary runs to the end of its last
+ * OS page, and a guard page follows. */
 #include <errno.h>
 #include <string.h>
 
 #include "internal.h"
 #include "os.h"
 
-#define TRAILER 4     /* bytes at the end of each block: the size asked for, encoded */
-#define CANARY_MAX 64 /* canary bytes written and checked past the size asked for, at most */
+#define TRAILER 4       /* bytes at the end of each block: the size asked for, encoded */
+#define CANARY 8        /* canary bytes past the size asked for in a heap page's block, at most */
+#define HUGE_CANARY 64  /* and past a huge block, up to the end of its last OS page */
 /* Frees of a class before a freed block of it is handed out again; fewer for large blocks (up to 1 MiB
- * each), which the quarantine would otherwise hold by the tens of megabytes. */
+ * each), which the quarantine would otherwise hold by the tens of megabytes. Powers of two: a ring's
+ * index wraps with a mask. */
 #define DELAY 16
 #define DELAY_LARGE 4
 
 /* ---- keys and random numbers */
 
-/* The key of the list encoding and of the blocks' secrets: random per process, and not th_key, which every
- * free block shows (XOR its address) in its tag word. Set once, before the first secure heap. */
+/* The process's key, behind the pages' keys and the huge blocks' secrets: random, and not th_key, which
+ * every free block shows (XOR its address) in its tag word. Set once, before the first secure heap. */
 static uintptr_t secure_key;
 
 static void key_init(void) {
@@ -51,76 +56,90 @@ static inline uint64_t mix64(uint64_t x) {
   return x ^ (x >> 33);
 }
 
-/* A link is stored as next ^ the page's key ^ the address of the word that holds it (the per-page key: a
- * link copied from one page, or one slot, to another does not decode to a block; hardened allocators such
- * as glibc's safe-linking and scudo mix addresses into pointers in the same spirit). Decoding is the same. */
-static inline th_block_t *link_code(const th_page_t *page, th_block_t *const *slot, const th_block_t *link) {
-  return (th_block_t *)((uintptr_t)link ^ secure_key ^ mix64((uintptr_t)page) ^ (uintptr_t)slot);
-}
-
-static inline uint64_t block_secret(const void *b) { return mix64(secure_key ^ (uintptr_t)b); }
-static inline uint32_t trailer_key(uint64_t secret) { return (uint32_t)secret | 0x01000000u; }
-/* The canary repeats a word of the secret whose bytes are never 0 either: the byte at an address a is the
- * word's byte a % 8, so whole aligned words are written and compared at once. */
-static inline uint64_t canary_word(uint64_t secret) {
-  return (secret >> 32 | secret << 32) | 0x0101010101010101ull;
-}
-static inline uint8_t canary_byte(uint64_t word, const uint8_t *at) {
-  return (uint8_t)(word >> (8 * ((uintptr_t)at & 7)));
-}
-
-/* wyrand (from wyhash), per thread, seeded at its first use: the order of fresh blocks. */
+/* wyrand (from wyhash), per thread, seeded at its first use: the order of fresh blocks, the pages' keys. */
 static __thread uint64_t rng_state __attribute__((tls_model("initial-exec")));
 
-static uint32_t rng_below(uint32_t n) {
+static uint64_t rng_next(void) {
   if (th_unlikely(rng_state == 0)) rng_state = os_random() ^ thread_id();
   rng_state += 0xa0761d6478bd642full;
   __uint128_t m = (__uint128_t)(rng_state ^ 0xe7037ed1a0b428dbull) * rng_state;
-  uint64_t r = (uint64_t)(m >> 64) ^ (uint64_t)m;
-  return (uint32_t)(((r >> 32) * n) >> 32); /* uniform below n without a division (Lemire) */
+  return (uint64_t)(m >> 64) ^ (uint64_t)m;
 }
 
-/* ---- the canary and the trailer */
+static uint32_t rng_below(uint32_t n) {
+  return (uint32_t)(((rng_next() >> 32) * n) >> 32); /* uniform below n without a division (Lemire) */
+}
 
-static void canary_write(uint8_t *from, const uint8_t *end, uint64_t secret) {
+/* A link is stored as next ^ the page's key ^ the address of the word that holds it (a link copied from one
+ * page, or one slot, to another does not decode to a block; hardened allocators such as glibc's
+ * safe-linking and scudo mix addresses into pointers in the same spirit). Decoding is the same. */
+static inline th_block_t *link_code(const th_page_t *page, th_block_t *const *slot, const th_block_t *link) {
+  return (th_block_t *)((uintptr_t)link ^ page->secure_key ^ (uintptr_t)slot);
+}
+
+/* A block's secret, from its address and its page's key: one multiply, folded. */
+static inline uint64_t block_secret(const th_page_t *page, const void *b) {
+  __uint128_t m = (__uint128_t)((uintptr_t)b ^ page->secure_key) * 0x9e3779b97f4a7c15ull;
+  return (uint64_t)(m >> 64) ^ (uint64_t)m;
+}
+static inline uint64_t huge_secret(const void *b) { return mix64(secure_key ^ (uintptr_t)b); }
+static inline uint32_t trailer_key(uint64_t secret) { return (uint32_t)(secret >> 32) | 0x01000000u; }
+/* The canary: the secret with no byte 0. */
+static inline uint64_t canary_word(uint64_t secret) { return secret | 0x0101010101010101ull; }
+
+/* ---- a heap page's block: canary and trailer */
+
+static inline uint8_t *block_trailer(const th_page_t *page, const void *b) {
+  return (uint8_t *)b + page->block_size - TRAILER;
+}
+
+/* A block of the page handed out for n bytes: its canary and trailer. The canary is stored whole, 8 bytes
+ * when the slack has at least 4 (it may run into the trailer, written after it) and 4 otherwise: a store
+ * or two, never past the block. */
+static inline void block_mark(const th_page_t *page, uint8_t *b, size_t n) {
+  uint64_t secret = block_secret(page, b);
+  uint8_t *c = b + n, *t = block_trailer(page, b);
   uint64_t w = canary_word(secret);
-  if (end > from + CANARY_MAX) end = from + CANARY_MAX;
-  uint8_t *c = from;
-  for (; c < end && ((uintptr_t)c & 7) != 0; c++) *c = canary_byte(w, c);
-  for (; c + 8 <= end; c += 8) memcpy(c, &w, 8);
-  for (; c < end; c++) *c = canary_byte(w, c);
+  if (t - c >= 4) {
+    memcpy(c, &w, 8);
+  } else {
+    uint32_t w4 = (uint32_t)w;
+    memcpy(c, &w4, 4);
+  }
+  uint32_t v = __builtin_bswap32((uint32_t)n ^ trailer_key(secret)); /* most significant byte first */
+  memcpy(t, &v, 4);
 }
 
-static bool canary_intact(const uint8_t *from, const uint8_t *end, uint64_t secret) {
-  uint64_t w = canary_word(secret), v;
-  if (end > from + CANARY_MAX) end = from + CANARY_MAX;
-  const uint8_t *c = from;
-  for (; c < end && ((uintptr_t)c & 7) != 0; c++)
-    if (*c != canary_byte(w, c)) return false;
-  for (; c + 8 <= end; c += 8)
-    if (memcpy(&v, c, 8), v != w) return false;
-  for (; c < end; c++)
-    if (*c != canary_byte(w, c)) return false;
-  return true;
+/* The trailer decoded: the size asked for in its low 24 bits, and 0 above them unless it was overwritten. */
+static inline uint32_t trailer_read(const th_page_t *page, const uint8_t *b, uint64_t secret) {
+  uint32_t v;
+  memcpy(&v, block_trailer(page, b), 4);
+  return __builtin_bswap32(v) ^ trailer_key(secret);
 }
 
-/* A block of the page handed out for n bytes: its canary and trailer. */
-static void block_mark(const th_page_t *page, uint8_t *b, size_t n) {
-  uint64_t secret = block_secret(b);
-  uint8_t *t = b + page->block_size - TRAILER;
-  uint32_t v = (uint32_t)n ^ trailer_key(secret);
-  t[0] = (uint8_t)(v >> 24), t[1] = (uint8_t)(v >> 16), t[2] = (uint8_t)(v >> 8), t[3] = (uint8_t)v;
-  canary_write(b + n, t, secret);
+/* The size the block was handed out for, as its trailer says; SIZE_MAX when the trailer's size is not one
+ * that block_mark could have written for a block of the page. An overflow that changed only the trailer's
+ * first byte (the secret's) leaves the size readable. */
+static inline size_t block_size_asked(const th_page_t *page, const uint8_t *b, uint64_t secret) {
+  size_t n = trailer_read(page, b, secret) & 0xffffff;
+  return n <= page->block_size - TRAILER ? n : SIZE_MAX;
 }
 
-/* The size the block was handed out for, as its trailer says; SIZE_MAX when the trailer is not one that
- * block_mark wrote for a block of the page's class. */
-static size_t block_size_asked(const th_page_t *page, const uint8_t *b, uint64_t secret) {
-  const uint8_t *t = b + page->block_size - TRAILER;
-  uint32_t v = (uint32_t)t[0] << 24 | (uint32_t)t[1] << 16 | (uint32_t)t[2] << 8 | t[3];
-  size_t n = v ^ trailer_key(secret);
-  if (n > page->block_size - TRAILER || size_class(n + TRAILER) != page->class_idx) return SIZE_MAX;
-  return n;
+/* Are the first CANARY bytes past b + n (fewer when the trailer comes sooner) as block_mark left them? */
+static inline bool canary_intact(const th_page_t *page, const uint8_t *b, size_t n, uint64_t secret) {
+  const uint8_t *c = b + n;
+  size_t slack = (size_t)(block_trailer(page, b) - c);
+  uint64_t w = canary_word(secret), x;
+  if (slack >= 4) {
+    memcpy(&x, c, 8);
+    x ^= w;
+  } else {
+    uint32_t y;
+    memcpy(&y, c, 4);
+    x = y ^ (uint32_t)w;
+  }
+  if (slack < CANARY) x &= ((uint64_t)1 << (8 * slack)) - 1; /* the bytes past the slack are the trailer's */
+  return x == 0;
 }
 
 static size_t usable_from(const uint8_t *b, size_t n, const void *p) {
@@ -128,34 +147,62 @@ static size_t usable_from(const uint8_t *b, size_t n, const void *p) {
   return b + n > u ? (size_t)(b + n - u) : 0;
 }
 
-/* Stops the process unless the bytes past the size asked for are as block_mark left them. p: the pointer
- * the program holds (inside b for an aligned block), named in the report with its usable size; when the
- * overflow reached the trailer too, the size asked for is lost, and the report names the largest. */
-static void block_check(const th_page_t *page, const uint8_t *b, const void *p) {
-  uint64_t secret = block_secret(b);
-  size_t n = block_size_asked(page, b, secret);
-  const uint8_t *t = b + page->block_size - TRAILER;
-  if (n == SIZE_MAX) report_block("heap overflow past block", NULL, p, usable_from(b, (size_t)(t - b), p));
-  if (!canary_intact(b + n, t, secret))
-    report_block("heap overflow past block", NULL, p, usable_from(b, n, p));
+/* The report of an overflow past block b (p: the pointer the program holds, inside b for an aligned block),
+ * named with its usable size. When the overflow reached the trailer too, the size asked for is lost: the
+ * report says so and names the most the program could have been given. */
+TH_COLD _Noreturn static void report_overflow(const th_page_t *page, const uint8_t *b, const void *p) {
+  size_t n = block_size_asked(page, b, block_secret(page, b));
+  if (n == SIZE_MAX) report_block_lost("heap overflow past block", p, usable_from(b, page->block_size - TRAILER, p));
+  report_block("heap overflow past block", NULL, p, usable_from(b, n, p));
 }
 
-/* A huge block's canary: from its size to the end of its last OS page (the guard page follows). */
-static void huge_check(const th_segment_t *seg, const void *p) {
-  const uint8_t *b = seg->pages[0].start, *end = (const uint8_t *)seg + seg->huge_committed;
-  if (!canary_intact(b + seg->huge_size, end, block_secret(b)))
-    report_block("heap overflow past block", NULL, p, usable_from(b, seg->huge_size, p));
+/* Stops the process unless the bytes past the size asked for are as block_mark left them. */
+static inline void block_check(const th_page_t *page, const uint8_t *b, const void *p) {
+  uint64_t secret = block_secret(page, b);
+  uint32_t v = trailer_read(page, b, secret); /* the size asked for, and 0 above it */
+  if (th_unlikely(v > page->block_size - TRAILER || !canary_intact(page, b, v, secret))) report_overflow(page, b, p);
 }
 
 size_t secure_usable_size(const th_page_t *page, const void *p) {
   if (page->block_size == 0) return usable_from(page->start, segment_of_page(page)->huge_size, p);
   const uint8_t *b = (const uint8_t *)p - page_block_offset(page, p);
-  size_t n = block_size_asked(page, b, block_secret(b));
+  size_t n = block_size_asked(page, b, block_secret(page, b));
   return usable_from(b, n == SIZE_MAX ? page->block_size - TRAILER : n, p);
 }
 
-/* THREADHEAP_SECURE=2: a free block is zero past its two list words, up to its trailer (kept, so that a
- * report of a second free still names the size). */
+TH_COLD _Noreturn static void report_write_after_free(const th_page_t *page, const th_block_t *b) {
+  report_block("write after free", NULL, b, secure_usable_size(page, b));
+}
+
+/* ---- a huge block's canary: from its size to the end of its last OS page (the guard page follows), at
+ * most HUGE_CANARY bytes. The byte at address a is the word's byte a % 8, so whole aligned words are
+ * written and compared at once. */
+
+static inline uint8_t canary_byte(uint64_t word, const uint8_t *at) {
+  return (uint8_t)(word >> (8 * ((uintptr_t)at & 7)));
+}
+
+static void huge_canary_write(uint8_t *from, const uint8_t *end, uint64_t secret) {
+  uint64_t w = canary_word(secret);
+  if (end > from + HUGE_CANARY) end = from + HUGE_CANARY;
+  uint8_t *c = from;
+  for (; c < end && ((uintptr_t)c & 7) != 0; c++) *c = canary_byte(w, c);
+  for (; c + 8 <= end; c += 8) memcpy(c, &w, 8);
+  for (; c < end; c++) *c = canary_byte(w, c);
+}
+
+static void huge_check(const th_segment_t *seg, const void *p) {
+  const uint8_t *b = seg->pages[0].start, *end = (const uint8_t *)seg + seg->huge_committed;
+  uint64_t w = canary_word(huge_secret(b));
+  const uint8_t *c = b + seg->huge_size;
+  if (end > c + HUGE_CANARY) end = c + HUGE_CANARY;
+  for (; c < end; c++)
+    if (*c != canary_byte(w, c)) report_block("heap overflow past block", NULL, p, usable_from(b, seg->huge_size, p));
+}
+
+/* ---- zero-on-free (THREADHEAP_SECURE=2): a free block is zero past its two list words, up to its trailer
+ * (kept, so that a report of a second free still names the size). */
+
 static void block_zero(th_block_t *b, size_t block_size) {
   if (block_size > sizeof(th_block_t) + TRAILER)
     memset((uint8_t *)b + sizeof(th_block_t), 0, block_size - sizeof(th_block_t) - TRAILER);
@@ -180,8 +227,17 @@ static inline void free_poison(th_block_t *b, size_t block_size) { block_poison(
 
 /* ---- the pages' encoded free lists */
 
+TH_COLD _Noreturn static void report_corrupted(const th_page_t *page, const th_block_t *b) {
+  report_block("corrupted free list", page->start, b, page->block_size);
+}
+
+/* Zero-on-free: a block handed out again must still be zero. */
+static void check_zero(const th_page_t *page, const th_block_t *b) {
+  if (!block_is_zero(b, page->block_size)) report_write_after_free(page, b);
+}
+
 /* A free block, tagged free already, onto the page's list, its link encoded. */
-static void list_push(th_page_t *page, th_block_t *b) {
+static inline void list_push(th_page_t *page, th_block_t *b) {
   b->next = link_code(page, &b->next, page->secure_free);
   page->secure_free = b;
   free_poison(b, page->block_size);
@@ -189,14 +245,14 @@ static void list_push(th_page_t *page, th_block_t *b) {
 
 /* The first block of the page's list, checked: its link must decode to NULL or a block of the page, its tag
  * must still say free, and with zero-on-free the rest must still be zero. */
-static th_block_t *list_pop(th_page_t *page) {
+static inline th_block_t *list_pop(th_page_t *page, bool zero) {
   th_block_t *b = page->secure_free;
   th_assert(b != NULL && page->free == NULL && page->local_free == NULL);
   block_unpoison(b, page->block_size);
   th_block_t *next = link_code(page, &b->next, b->next);
-  if (next != NULL && !page_is_block(page, next)) report_block("corrupted free list", page->start, b, page->block_size);
-  if (b->tag != free_tag(b) || (zero_on_free() && !block_is_zero(b, page->block_size)))
-    report_block("write after free", NULL, b, secure_usable_size(page, b));
+  if (th_unlikely(next != NULL && !page_is_block(page, next))) report_corrupted(page, b);
+  if (th_unlikely(b->tag != free_tag(b))) report_write_after_free(page, b);
+  if (zero) check_zero(page, b);
   page->secure_free = next;
   page->used_word++;
   b->next = NULL;
@@ -215,18 +271,26 @@ size_t secure_free_count(const th_page_t *page, bool *ok) {
   return n;
 }
 
-/* A tagged block is free when its link is that of a list: plain on the remote stack and in the quarantine,
- * encoded on secure_free. */
+/* q is the start of a block of some heap page. */
+static bool is_block(const void *q) {
+  th_segment_t *seg = segment_lookup(q);
+  return seg != NULL && seg->kind != TH_KIND_HUGE && page_is_block(segment_page_of(seg, q), q);
+}
+
+/* A tagged block is free when its link is that of a list: plain on the remote stack, in the quarantine
+ * (NULL) and among the remote frees waiting for it (a block of any page), encoded on secure_free. */
 bool secure_is_free(const th_page_t *page, const th_block_t *b) {
   th_block_t *decoded = link_code(page, &b->next, b->next);
-  return b->next == NULL || page_is_block(page, b->next) || decoded == NULL || page_is_block(page, decoded);
+  return b->next == NULL || is_block(b->next) || decoded == NULL || page_is_block(page, decoded);
 }
 
 /* Fresh blocks, shuffled (Fisher-Yates) so that the order in which a page hands them out cannot be guessed
- * from their addresses. page_extend carves at most TH_EXTEND_BYTES / 16 at a time. */
+ * from their addresses. page_extend carves at most TH_EXTEND_BYTES / 16 at a time. A page's first carve
+ * draws its key. */
 void secure_carve(th_page_t *page, uint8_t *first, size_t n) {
   uint16_t order[TH_EXTEND_BYTES / 16];
   th_assert(n <= sizeof order / sizeof order[0]);
+  if (page->capacity == 0) page->secure_key = rng_next() ^ mix64(secure_key ^ (uintptr_t)page);
   for (size_t i = 0; i < n; i++) order[i] = (uint16_t)i;
   for (size_t i = n; i-- > 1;) {
     uint32_t j = rng_below((uint32_t)i + 1);
@@ -242,126 +306,269 @@ void secure_carve(th_page_t *page, uint8_t *first, size_t n) {
   }
 }
 
-/* The remote stack, taken whole by page_collect: each block must be one of the page, tagged free by the
- * thread that freed it (which checked its canary, and zeroed it with zero-on-free). n: the stack's length. */
-void secure_collect(th_page_t *page, th_block_t *head, size_t n) {
-  th_block_t *prev = head;
-  size_t k = 0;
-  for (th_block_t *b = head, *next; b; prev = b, b = next, k++) {
-    if (k == n || !page_is_block(page, b)) report_block("corrupted free list", page->start, prev, page->block_size);
-    if (b->tag != free_tag(b)) report_block("write after free", NULL, b, secure_usable_size(page, b));
-    next = b->next;
-    list_push(page, b);
-  }
-  if (k != n) report_block("corrupted free list", page->start, prev, page->block_size);
-}
+/* ---- the quarantine: per heap and class, the last DELAY blocks freed into the heap, oldest out first.
+ * The owner's frees enter at once; remote frees (another thread's, and every free into a serialized heap)
+ * when the owner collects them: page_collect hands them over (secure_collect), they wait on `incoming`,
+ * still counted used by their pages, and enter at the next safe point (secure_malloc_fill, heap_purge),
+ * where a block leaving the quarantine may unpark its page (not while heap_find_page walks a queue). */
 
-/* ---- the quarantine: per heap and class, the last DELAY blocks the owner freed, oldest out first */
+typedef struct ring_s {
+  th_block_t *slot[DELAY];
+  uint32_t pushed; /* blocks that entered, ever: the oldest slot, next to be reused, is pushed & mask */
+  uint32_t mask;   /* slots - 1 */
+  uint32_t seen;   /* pushed at the heap's last purge round */
+  uint32_t quiet;  /* purge rounds since a block last entered */
+} ring_t;
 
 struct th_secure_heap_s {
-  struct {
-    th_block_t *slot[DELAY];
-    uint32_t next; /* the oldest slot, next to be reused */
-  } ring[TH_CLASS_COUNT];
-  bool on; /* false: blocks go back to their pages at once */
+  ring_t ring[TH_CLASS_COUNT];
+  th_block_t *incoming; /* remote frees collected, linked plainly, waiting to enter */
+  bool on;              /* false: blocks go back to their pages at once */
 };
 
-/* For a serialized heap (every free of its blocks is remote, so none is quarantined) and for a heap whose
- * quarantine could not be mapped. Never written. */
+/* For a heap whose quarantine could not be mapped. Never written. */
 static th_secure_heap_t no_quarantine;
-
-static inline uint32_t class_delay(size_t c) { return class_kind(c) == TH_KIND_LARGE ? DELAY_LARGE : DELAY; }
 
 static th_page_t *block_page(const th_block_t *b) {
   th_segment_t *seg = (th_segment_t *)((uintptr_t)b & ~(uintptr_t)(TH_SEGMENT_SIZE - 1));
   return segment_page_of(seg, b);
 }
 
-/* The block goes back to its page's list, as free_slow's owner path does with a free: counted, and the page
- * unparked or retired when that is due. Its list words must be as secure_free left them: the link is
- * about to be overwritten, so a write there is caught now; the tag is checked again when it is popped. */
-static void release(th_heap_t *heap, th_block_t *b) {
+/* A page's count carried (the clock tick, or a page parked as full): the heap acts, as it does for th_free.
+ * It may make system calls (a purge): free keeps errno. */
+TH_COLD static void release_tick(th_heap_t *heap, th_page_t *page) {
+  int saved_errno = errno;
+  heap_free_tick(heap, page);
+  errno = saved_errno;
+}
+
+/* The block goes back to its page's list, counted free as th_free counts an owner's free (a page that
+ * empties is found by heap_purge, as in the default mode). Its list words must be as the quarantine left
+ * them: the link is about to be overwritten, so a write there is caught now; the tag is checked again when
+ * the block is popped. */
+static inline void release(th_heap_t *heap, th_block_t *b) {
   th_page_t *page = block_page(b);
-  if (b->next != NULL || b->tag != free_tag(b))
-    report_block("write after free", NULL, b, secure_usable_size(page, b));
+  if (th_unlikely(b->next != NULL || b->tag != free_tag(b))) report_write_after_free(page, b);
   list_push(page, b);
-  if (page_count_free(page)) heap_free_tick(heap, page);
-  else if (page_used(page) == 0) heap_free_local(heap, page);
+  if (th_unlikely(page_count_free(page))) release_tick(heap, page);
+}
+
+/* A freed block (tagged, its link NULL) into the quarantine; the oldest of its class leaves. */
+static inline void quarantine(th_heap_t *heap, th_secure_heap_t *q, size_t c, th_block_t *b) {
+  if (th_unlikely(!q->on)) {
+    release(heap, b);
+    return;
+  }
+  ring_t *r = &q->ring[c];
+  uint32_t i = r->pushed++ & r->mask;
+  th_block_t *oldest = r->slot[i];
+  r->slot[i] = b;
+  if (oldest) release(heap, oldest);
+}
+
+/* The remote frees collected so far enter the quarantine. */
+static void incoming_enter(th_heap_t *heap) {
+  th_secure_heap_t *q = heap->secure;
+  th_block_t *b = q->incoming;
+  q->incoming = NULL; /* a block leaving the quarantine may start a purge, which collects more */
+  while (b) {
+    th_block_t *next = b->next;
+    b->next = NULL;
+    quarantine(heap, q, block_page(b)->class_idx, b);
+    b = next;
+  }
+}
+
+/* The remote frees of class c's pages (every class for c == 0) enter the quarantine. Pages parked as full
+ * that received some go back to their queues first. */
+static void collect_remote(th_heap_t *heap, size_t c) {
+  heap_collect_ready(heap);
+  size_t lo = c ? c : 1, hi = c ? c : TH_CLASS_COUNT - 1;
+  for (size_t k = lo; k <= hi; k++)
+    for (th_page_t *page = heap->queues[k].first; page; page = page->next) page_collect(page);
+  incoming_enter(heap);
+}
+
+/* Every block of the ring back to its page. */
+static void ring_flush(th_heap_t *heap, ring_t *r) {
+  for (uint32_t i = 0; i <= r->mask; i++) {
+    th_block_t *b = r->slot[i];
+    r->slot[i] = NULL;
+    if (b) release(heap, b);
+  }
+}
+
+/* Rounds of heap_purge (at least a quarter of the purge delay apart) with no free of a class, after which
+ * its ring empties: a class the program stopped freeing would otherwise pin up to DELAY pages (of up to
+ * 2 MiB each) for good. */
+#define QUIET_ROUNDS 4
+
+/* heap_purge's round (not a forced one): remote frees into the quarantine, so that their pages are not freed
+ * with them; the rings of classes that saw no free for QUIET_ROUNDS rounds back to their pages. */
+void secure_purge(th_heap_t *heap) {
+  collect_remote(heap, 0);
+  th_secure_heap_t *q = heap->secure;
+  if (!q->on) return;
+  for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
+    ring_t *r = &q->ring[c];
+    if (r->pushed != r->seen) {
+      r->seen = r->pushed;
+      r->quiet = 0;
+    } else if (++r->quiet == QUIET_ROUNDS) {
+      ring_flush(heap, r);
+    }
+  }
+}
+
+/* The remote stack, taken whole by page_collect: each block must be one of the page, tagged free by the
+ * thread that freed it (which checked its canary, and zeroed it with zero-on-free). n: the stack's length.
+ * Returns how many blocks the page now counts free: 0 when they wait to enter the quarantine. */
+size_t secure_collect(th_page_t *page, th_block_t *head, size_t n) {
+  th_heap_t *heap = atomic_load_explicit(&segment_of_page(page)->heap, memory_order_relaxed);
+  th_secure_heap_t *q = heap->secure;
+  th_block_t *prev = head;
+  size_t k = 0;
+  for (th_block_t *b = head, *next; b; prev = b, b = next, k++) {
+    if (k == n || !page_is_block(page, b)) report_block("corrupted free list", page->start, prev, page->block_size);
+    if (b->tag != free_tag(b)) report_write_after_free(page, b);
+    next = b->next;
+    if (!q->on) list_push(page, b);
+  }
+  if (k != n) report_block("corrupted free list", page->start, prev, page->block_size);
+  if (!q->on) return n;
+  prev->next = q->incoming;
+  q->incoming = head;
+  stats_add_remote(n);
+  return 0;
 }
 
 void secure_heap_attach(th_heap_t *heap) {
   key_init();
   heap->secure = &no_quarantine;
-  if (heap->thread_id == TH_OWNER_SHARED) return; /* a serialized heap */
   if (heap->secure_spare == NULL)
     heap->secure_spare = os_map_aligned(align_up(sizeof(th_secure_heap_t), os_page_size()), os_page_size());
   th_secure_heap_t *q = heap->secure_spare;
   if (q == NULL) return; /* out of memory: no quarantine, the other checks stay */
   memset(q, 0, sizeof *q);
+  for (size_t c = 1; c < TH_CLASS_COUNT; c++)
+    q->ring[c].mask = (class_kind(c) == TH_KIND_LARGE ? DELAY_LARGE : DELAY) - 1;
   q->on = true;
   heap->secure = q;
 }
 
+/* Everything the quarantine holds goes back to its pages, with the remote frees collected on the way (a
+ * block leaving may unpark a page, whose remote frees then arrive): until both are empty. */
 void secure_flush(th_heap_t *heap) {
   th_secure_heap_t *q = heap->secure;
   if (!q->on) return;
-  for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
-    uint32_t d = class_delay(c);
-    for (uint32_t k = 0, i = q->ring[c].next; k < d; k++, i = i + 1 == d ? 0 : i + 1) {
-      th_block_t *b = q->ring[c].slot[i];
-      q->ring[c].slot[i] = NULL;
-      if (b) release(heap, b);
+  heap_collect_ready(heap);
+  for (;;) {
+    for (size_t c = 1; c < TH_CLASS_COUNT; c++) ring_flush(heap, &q->ring[c]);
+    th_block_t *b = q->incoming;
+    if (b == NULL) return;
+    q->incoming = NULL;
+    for (th_block_t *next; b; b = next) {
+      next = b->next;
+      b->next = NULL;
+      release(heap, b);
     }
-    q->ring[c].next = 0;
   }
 }
 
 /* ---- malloc and free */
 
-void *secure_malloc(th_heap_t *heap, size_t size) {
-  if (size > TH_LARGE_MAX - TRAILER) return heap_malloc_huge(heap, size); /* huge_alloc guards it */
-  th_page_t *page = heap_page_with_free(heap, size_class(size + TRAILER));
-  if (page == NULL) return NULL;
+static inline void *block_out(th_page_t *page, size_t size, bool zero) {
   th_assert(page_is_valid(page));
-  th_block_t *b = list_pop(page);
+  th_block_t *b = list_pop(page, zero);
   block_mark(page, (uint8_t *)b, size);
   return b;
 }
 
-void secure_free(th_segment_t *seg, th_page_t *page, th_block_t *b, const void *p) {
-  if (seg->kind == TH_KIND_HUGE) {
-    huge_check(seg, p);
-    if (zero_on_free()) { /* the kernel zeroes it: cheaper than writing it, and its memory goes back */
-      const uint8_t *start = page->start;
-      os_purge((void *)start, (size_t)((const uint8_t *)seg + seg->huge_committed - start));
+/* With zero-on-free: apart, so that the common path makes no call and saves no registers. */
+TH_NOINLINE static void *block_out_zero(th_page_t *page, size_t size) { return block_out(page, size, true); }
+
+/* heap_malloc_slow on a secure heap: the first page of the class has a free block (the common case), or
+ * the generic slow path runs (purge clock, sampling, a page to find), and comes back to secure_malloc_fill. */
+void *secure_malloc(th_heap_t *heap, size_t size) {
+  if (th_likely(size <= TH_LARGE_MAX - TRAILER) && th_likely(!th_profile_on)) {
+    th_page_t *page = heap->queues[size_class(size + TRAILER)].first;
+    if (th_likely(page != NULL && page->secure_free != NULL)) {
+      if (th_unlikely(zero_on_free())) return block_out_zero(page, size);
+      return block_out(page, size, false);
     }
-    huge_free(seg, p, TH_OP_FREE);
-    return;
   }
+  return heap_malloc_refill(heap, size);
+}
+
+/* heap_malloc_fill on a secure heap: remote frees enter the quarantine, then a page with a free block. */
+void *secure_malloc_fill(th_heap_t *heap, size_t size) {
+  if (size > TH_LARGE_MAX - TRAILER) return heap_malloc_huge(heap, size); /* huge_alloc guards it */
+  size_t c = size_class(size + TRAILER);
+  th_page_t *page;
+  do { /* a page whose remote frees arrived while it was being parked has none on secure_free: again */
+    collect_remote(heap, c);
+    page = heap_page_with_free(heap, c);
+    if (page == NULL) return NULL;
+  } while (page->secure_free == NULL);
+  return block_out(page, size, zero_on_free());
+}
+
+/* A block of a heap page, checked by free_slow or secure_free_fast (a live block start): p the pointer the
+ * program holds. Checked, and held back: in the owner heap's quarantine, or on the page's remote stack
+ * until its owner collects it into its own. */
+/* A remote free waits on the page's remote stack until the owner collects it into its quarantine. Apart,
+ * so that the owner's path keeps its registers. */
+TH_NOINLINE static void free_remote_push(th_page_t *page, th_block_t *b) {
+  free_poison(b, page->block_size);
+  page_push_remote(page, b);
+}
+
+static inline void free_block(th_segment_t *seg, th_page_t *page, th_block_t *b, const void *p, bool zero) {
   block_check(page, (const uint8_t *)b, p);
   size_t bsize = page->block_size;
-  if (zero_on_free()) block_zero(b, bsize);
+  if (zero) block_zero(b, bsize);
   b->tag = free_tag(b);
   if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) != thread_id()) {
-    /* Checked here, in the freeing thread; the owner collects it onto its list when the page runs dry. */
-    free_poison(b, bsize);
-    page_push_remote(page, b);
+    free_remote_push(page, b);
     return;
   }
   th_heap_t *heap = atomic_load_explicit(&seg->heap, memory_order_relaxed);
-  th_secure_heap_t *q = heap->secure;
   b->next = NULL; /* plain in the quarantine (secure_is_free) */
-  if (q == NULL || !q->on) {
-    release(heap, b);
+  free_poison(b, bsize);
+  quarantine(heap, heap->secure, page->class_idx, b);
+}
+
+/* With zero-on-free: apart, so that the common path makes no call and saves no registers. */
+TH_NOINLINE static void free_block_zero(th_segment_t *seg, th_page_t *page, th_block_t *b, const void *p) {
+  free_block(seg, page, b, p, true);
+}
+
+/* free_slow's first test found p's region to be a TH_MAP_SLOW segment's first. A block start of a secure
+ * heap page, not tagged free, is freed here; everything else (huge and aligned blocks, sampled ones, tagged
+ * or invalid pointers) takes the generic path, which checks and reports. */
+void secure_free_fast(void *p) {
+  th_segment_t *seg = (th_segment_t *)((uintptr_t)p & ~(uintptr_t)(TH_SEGMENT_SIZE - 1));
+  th_page_t *page = segment_page_of(seg, p);
+  th_block_t *b = p;
+  /* (A huge block's page has capacity 0: never a block start here.) */
+  if (th_likely(seg->is_secure && !seg->is_sampled && page_is_block(page, p) && b->tag != free_tag(b))) {
+    if (th_unlikely(zero_on_free())) free_block_zero(seg, page, b, p);
+    else free_block(seg, page, b, p, false);
+  } else
+    free_checked(p);
+}
+
+void secure_free(th_segment_t *seg, th_page_t *page, th_block_t *b, const void *p) {
+  if (seg->kind != TH_KIND_HUGE) {
+    free_block(seg, page, b, p, zero_on_free());
     return;
   }
-  free_poison(b, bsize);
-  size_t c = page->class_idx;
-  uint32_t i = q->ring[c].next, d = class_delay(c);
-  th_block_t *oldest = q->ring[c].slot[i];
-  q->ring[c].slot[i] = b;
-  q->ring[c].next = i + 1 == d ? 0 : i + 1;
-  if (oldest) release(heap, oldest);
+  huge_check(seg, p);
+  if (zero_on_free()) { /* the kernel zeroes it: cheaper than writing it, and its memory goes back */
+    const uint8_t *start = page->start;
+    os_purge((void *)start, (size_t)((const uint8_t *)seg + seg->huge_committed - start));
+  }
+  huge_free(seg, p, TH_OP_FREE);
 }
 
 bool secure_realloc(th_segment_t *seg, th_page_t *page, void *p, size_t size) {
@@ -385,15 +592,25 @@ void secure_segment_init(th_segment_t *seg) {
   if (seg->kind == TH_KIND_MEDIUM || seg->kind == TH_KIND_LARGE)
     for (size_t i = 0; i < seg->page_count; i++)
       os_protect((uint8_t *)seg + ((i + 1) << seg->page_shift) - ps, ps, false);
+  seg->guards = (uint8_t)(seg->kind + 1);
 }
 
-void secure_segment_release(th_segment_t *seg) { os_protect(seg, seg->size, true); }
+void secure_segment_release(th_segment_t *seg) {
+  os_protect(seg, seg->size, true);
+  seg->guards = 0;
+  seg->guard_end = 0;
+}
 
-/* huge_alloc left room for the guard page after the block's last OS page. */
+/* huge_alloc left room for the guard page after the block's last OS page: one is there already when the
+ * segment last held a block that ended there. */
 void secure_huge_alloc(th_segment_t *seg, void *p, size_t size) {
-  uint8_t *end = (uint8_t *)seg + seg->huge_committed;
-  os_protect(end, os_page_size(), false);
-  canary_write((uint8_t *)p + size, end, block_secret(p));
+  size_t ps = os_page_size();
+  if (seg->guard_end != seg->huge_committed) {
+    if (seg->guard_end != 0) os_protect((uint8_t *)seg + seg->guard_end, ps, true);
+    os_protect((uint8_t *)seg + seg->huge_committed, ps, false);
+    seg->guard_end = seg->huge_committed;
+  }
+  huge_canary_write((uint8_t *)p + size, (uint8_t *)seg + seg->huge_committed, huge_secret(p));
 }
 
 /* ---- start */

@@ -134,7 +134,8 @@ static th_segment_t *cache_take(size_t size) {
     if (s->size >= size && s->size <= size + size / 4) {
       found = s;
       if (s->size == size) break;
-    } else if (s->size > size && (larger == NULL || s->size < larger->size)) {
+    } else if (s->size > size && s->guards == 0 && (larger == NULL || s->size < larger->size)) {
+      /* (one with guard pages is not split: lifting them is a system call, not for under the lock) */
       larger = s;
     }
   }
@@ -187,9 +188,15 @@ th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure) {
 void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched, bool secure) {
   size_t pages = kind == TH_KIND_SMALL ? TH_SEGMENT_SIZE >> TH_SMALL_PAGE_SHIFT
                : kind == TH_KIND_MEDIUM ? TH_SEGMENT_SIZE >> TH_MEDIUM_PAGE_SHIFT : 1;
-  /* An explicit heap's pinned segment keeps its guard pages between uses: lifted before the new layout (every
-   * other segment lost them when released). */
-  if (!untouched && seg->is_pinned && seg->is_secure) secure_segment_release(seg);
+  /* A segment keeps secure mode's guard pages when it is released (cached, or an explicit heap's pinned
+   * one): laid out again the same way, it needs no system call; otherwise they are lifted first. */
+  uint8_t guards = untouched ? 0 : seg->guards;
+  size_t guard_end = untouched ? 0 : seg->guard_end;
+  if (guards != 0 && guards != (secure ? kind + 1 : 0)) {
+    secure_segment_release(seg);
+    guards = 0;
+    guard_end = 0;
+  }
   vg_defined(seg, size); /* under valgrind: a reused segment's freed blocks were no-access */
   memset(seg, 0, sizeof(th_segment_t) + pages * sizeof(th_page_t));
   seg->size = size;
@@ -202,7 +209,9 @@ void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched
   for (size_t i = 0; i < pages; i++) seg->pages[i].is_purged = seg->pages[i].is_zero = untouched;
   seg->is_secure = secure;
   segment_map_mark(seg);
-  if (secure) secure_segment_init(seg);
+  seg->guards = guards;
+  seg->guard_end = guard_end;
+  if (secure && guards == 0) secure_segment_init(seg);
 }
 
 /* The cache's byte cap when a segment of `size` bytes enters it: THREADHEAP_CACHE_MAX, but never more than
@@ -219,7 +228,10 @@ static size_t cache_limit(size_t size) {
 
 /* Give a segment with no live block back: into the cache, or to the OS when the cache cannot hold it. */
 void segment_release(th_segment_t *seg) {
-  if (seg->is_secure) secure_segment_release(seg); /* cached memory has no guard pages */
+  /* A segment of one region keeps secure mode's guard pages for its next use, taken whole (every paged
+   * segment, huge blocks up to 4 MiB); a larger one is what the cache splits and merges (huge blocks of
+   * varying sizes), which guard pages would stop: lifted now, outside the lock. */
+  if (seg->guards != 0 && seg->size > TH_SEGMENT_SIZE) secure_segment_release(seg);
   if (seg->is_sampled) segment_set_sampled(seg, false);
   atomic_store_explicit(&seg->thread_id, 0, memory_order_relaxed);
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
@@ -233,11 +245,14 @@ void segment_release(th_segment_t *seg) {
     return;
   }
   size_t released = seg->size;
-  /* Cached neighbours merge with it: no two cached segments touch, so a request up to their sum takes them
-   * as one (or split). A segment is any aligned range with a header at its start: bookkeeping only. */
+  /* Cached neighbours merge with it: no two cached segments without guard pages touch, so a request up to
+   * their sum takes them as one (or split). A segment is any aligned range with a header at its start:
+   * bookkeeping only. Not one with guard pages (secure.c), which it keeps for its next use: lifting them is
+   * a system call. */
   bool merged = false;
-  for (th_segment_t *s = cache_first, *next; s; s = next) {
+  for (th_segment_t *s = cache_first, *next; s && seg->guards == 0; s = next) {
     next = s->next;
+    if (s->guards != 0) continue;
     if ((uint8_t *)s + s->size == (uint8_t *)seg || (uint8_t *)seg + seg->size == (uint8_t *)s) {
       cache_unlink(s);
       size_t total = s->size + seg->size;

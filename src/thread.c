@@ -58,6 +58,7 @@ void process_init(void) {
   os_init();
   th_key = (uintptr_t)os_random();
   if (pthread_key_create(&heap_key, thread_done) != 0) report_fatal("cannot create the thread key");
+  options_init(); /* before the first heap, whose mode they choose */
   atomic_store_explicit(&init_state, 2, memory_order_release);
 }
 
@@ -288,7 +289,8 @@ static void fork_child(void) {
  * before the program's own, so the program's prepare handlers (which may allocate) run before ours lock. */
 __attribute__((constructor(101))) static void library_init(void) {
   process_init();
-  options_init();
+  options_init(); /* again only if process_init ran before the environment could be read */
+  options_print();
   secure_start();
   stats_init();
   pthread_atfork(fork_prepare, fork_parent, fork_child);

@@ -160,8 +160,15 @@ typedef struct th_page_s {
      * plain. Reset by page_init. */
     th_block_t *secure_free;
   };
-  uint32_t idle_used;
-  uint32_t idle_since_ms;
+  union {
+    struct {
+      uint32_t idle_used;
+      uint32_t idle_since_ms;
+    };
+    /* Secure mode (secure.c): the page's key, random, drawn at its first carve: links on secure_free are
+     * encoded with it and the blocks' secrets (canary, size record) derived from it. */
+    uint64_t secure_key;
+  };
 } th_page_t;
 /* 128 bytes: a power-of-two size turns the page lookup into a shift. */
 _Static_assert(sizeof(th_page_t) == 128, "th_page_t is 128 bytes");
@@ -202,6 +209,12 @@ struct th_segment_s {
    * do medium and large pages (page_area leaves them out); its pages keep their free blocks on secure_free.
    * Kept when the segment is released, so that a late double free of a huge block names its size. */
   uint8_t is_secure;
+  /* Secure mode's guard pages still set in this segment (secure.c): 0 none, else the kind they were laid out
+   * for plus one; guard_end, for a huge block, is the offset of the guard page after it (0: none). Kept
+   * while the segment is cached, so that a segment taken again for the same layout needs no mprotect;
+   * read by segment_init before it clears the header. */
+  uint8_t guards;
+  size_t guard_end;
   _Alignas(128) th_page_t pages[]; /* page_count descriptors, each on two whole cache lines */
 };
 
