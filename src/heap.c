@@ -126,12 +126,12 @@ static void heap_free_parked(th_heap_t *heap, th_page_t *page) {
  * allocates to other threads (a producer) finds its pages back all at once, often hundreds of them after
  * it waited on its consumers, and holding them a purge round kept every producer's largest burst resident
  * at the same time; freed, their segments empty and go to the cache, where the other threads take them
- * (docs/design.md, "Free lists and remote frees"). Not while the heap profiler cuts this heap's pages: it
- * keeps pointers to them. */
+ * (docs/design.md, "Free lists and remote frees"). Not while the heap profiler cuts this heap's pages (it
+ * keeps pointers to them), nor in secure mode, whose remote frees go through the quarantine (secure.c). */
 void heap_collect_ready(th_heap_t *heap, bool free_empty) {
   if (atomic_load_explicit(&heap->ready, memory_order_relaxed) == NULL) return;
   th_page_t *page = atomic_exchange_explicit(&heap->ready, NULL, memory_order_acquire);
-  free_empty = free_empty && heap->sampler == NULL;
+  free_empty = free_empty && heap->sampler == NULL && heap->secure == NULL;
   uint64_t kept = 0; /* classes whose first empty page of this round went back to its queue */
   _Static_assert(TH_CLASS_COUNT <= 64, "one bit per class");
   while (page) {
