@@ -106,46 +106,15 @@ static void heap_unpark(th_heap_t *heap, th_page_t *page) {
   heap_page_insert(heap, page);
 }
 
-/* A page parked as full whose blocks other threads have all freed goes straight back to its segment, its
- * lists dropped unwalked. Its owner-free count was folded into the flow when it was parked. */
-static void heap_free_parked(th_heap_t *heap, th_page_t *page) {
-  heap_queue_remove(heap, &heap->full, page);
-  page_clear_delay(page);
-  page->used_word &= TH_USED_MASK;
-  page->in_full = 0;
-  page_discard_free(page);
-  segment_page_free(heap, page);
-}
-
 /* Pages that other threads freed into while they sat in the full queue go back to their class queue.
  * Called before any page is parked as full or retired, so that no page is on ready twice or after it is
- * freed (see page_push_remote_slow).
- *
- * With free_empty (the malloc slow path), only the first page of each class that comes back empty is kept;
- * the others are freed now rather than on heap_purge's next round. A thread that hands everything it
- * allocates to other threads (a producer) finds its pages back all at once, often hundreds of them after
- * it waited on its consumers, and holding them a purge round kept every producer's largest burst resident
- * at the same time; freed, their segments empty and go to the cache, where the other threads take them
- * (docs/design.md, "Free lists and remote frees"). Not while the heap profiler cuts this heap's pages (it
- * keeps pointers to them), nor in secure mode, whose remote frees go through the quarantine (secure.c). */
-void heap_collect_ready(th_heap_t *heap, bool free_empty) {
+ * freed (see page_push_remote_slow). */
+void heap_collect_ready(th_heap_t *heap) {
   if (atomic_load_explicit(&heap->ready, memory_order_relaxed) == NULL) return;
   th_page_t *page = atomic_exchange_explicit(&heap->ready, NULL, memory_order_acquire);
-  free_empty = free_empty && heap->sampler == NULL && heap->secure == NULL;
-  uint64_t kept = 0; /* classes whose first empty page of this round went back to its queue */
-  _Static_assert(TH_CLASS_COUNT <= 64, "one bit per class");
   while (page) {
     th_page_t *next = page->ready_next;
-    if (page->in_full) {
-      uint64_t bit = (uint64_t)1 << page->class_idx;
-      bool empty = free_empty && page_is_empty(page);
-      if (empty && (kept & bit)) {
-        heap_free_parked(heap, page);
-      } else {
-        if (empty) kept |= bit;
-        heap_unpark(heap, page);
-      }
-    }
+    if (page->in_full) heap_unpark(heap, page);
     page = next;
   }
 }
@@ -162,7 +131,7 @@ void heap_page_retire(th_heap_t *heap, th_page_t *page) {
 
 /* The slow half of a free by the owner: the page was parked as full, or it became empty. */
 void heap_free_local(th_heap_t *heap, th_page_t *page) {
-  heap_collect_ready(heap, false); /* page may be on ready: it must stay a page */
+  heap_collect_ready(heap);
   if (page->in_full) heap_unpark(heap, page);
   if (page_used(page) == 0) heap_page_retire(heap, page);
 }
@@ -282,7 +251,7 @@ void heap_purge(th_heap_t *heap, bool force) {
 void heap_collect_remote(th_heap_t *heap) {
   /* Short of memory, blocks held back are worth more as memory: the quarantine empties (secure.c). */
   if (th_unlikely(heap->secure != NULL)) secure_flush(heap);
-  heap_collect_ready(heap, false); /* empty pages are freed below */
+  heap_collect_ready(heap);
   for (th_page_t *page = heap->full.first, *next; page; page = next) {
     next = page->next;
     heap_queue_remove(heap, &heap->full, page);
@@ -331,7 +300,7 @@ static inline bool page_has_free(const th_heap_t *heap, const th_page_t *page) {
 /* A page of class c with a free block, moved to the front of its queue; NULL when out of memory. Each page
  * looked at is either used or parked as full, so the scan is paid for by the allocations it enables. */
 static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
-  heap_collect_ready(heap, true);
+  heap_collect_ready(heap);
   th_page_queue_t *q = &heap->queues[c];
   bool tried_adopt = false;
   for (;;) {

@@ -85,7 +85,7 @@ void heap_queue_push_front(th_heap_t *heap, th_page_queue_t *q, th_page_t *page)
 void heap_queue_push_back(th_heap_t *heap, th_page_queue_t *q, th_page_t *page);
 void heap_page_retire(th_heap_t *heap, th_page_t *page);
 void heap_page_insert(th_heap_t *heap, th_page_t *page);
-void heap_collect_ready(th_heap_t *heap, bool free_empty);
+void heap_collect_ready(th_heap_t *heap);
 void heap_purge(th_heap_t *heap, bool force);
 void heap_collect_remote(th_heap_t *heap);
 void heap_collect(th_heap_t *heap);

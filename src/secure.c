@@ -382,7 +382,7 @@ static void incoming_enter(th_heap_t *heap) {
 /* The remote frees of class c's pages (every class for c == 0) enter the quarantine. Pages parked as full
  * that received some go back to their queues first. */
 static void collect_remote(th_heap_t *heap, size_t c) {
-  heap_collect_ready(heap, false);
+  heap_collect_ready(heap);
   size_t lo = c ? c : 1, hi = c ? c : TH_CLASS_COUNT - 1;
   for (size_t k = lo; k <= hi; k++)
     for (th_page_t *page = heap->queues[k].first; page; page = page->next) page_collect(page);
@@ -461,7 +461,7 @@ void secure_heap_attach(th_heap_t *heap) {
 void secure_flush(th_heap_t *heap) {
   th_secure_heap_t *q = heap->secure;
   if (!q->on) return;
-  heap_collect_ready(heap, false);
+  heap_collect_ready(heap);
   for (;;) {
     for (size_t c = 1; c < TH_CLASS_COUNT; c++) ring_flush(heap, &q->ring[c]);
     th_block_t *b = q->incoming;
