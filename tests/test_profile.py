@@ -443,16 +443,21 @@ def dump_errors(tmp):
           "dump errors: a good dump after them works, and pprof reads it")
 
 
+def not_a_library(tmp, soname):
+    """A folder for LD_LIBRARY_PATH whose file named soname is not a library, so that dlopen of it fails."""
+    folder = os.path.join(tmp, "bogus-" + soname)
+    os.makedirs(folder)
+    with open(os.path.join(folder, soname), "w") as f:
+        f.write("not a library\n")
+    return folder
+
+
 def no_writer(tmp):
     """Without zlib (a libz.so.1 that is not a library, found first on LD_LIBRARY_PATH): one line at start
     naming the libraries, the program runs, th_profile_dump returns -1 with ELIBACC, and nothing is written."""
     prog = os.path.join(BIN, "prog_profile")
-    bogus = os.path.join(tmp, "nolibz")
-    folder = os.path.join(tmp, "nowriter")
-    os.makedirs(bogus)
+    bogus, folder = not_a_library(tmp, "libz.so.1"), os.path.join(tmp, "nowriter")
     os.makedirs(folder)
-    with open(os.path.join(bogus, "libz.so.1"), "w") as f:
-        f.write("not a library\n")
     env = {k: v for k, v in os.environ.items() if k != "THREADHEAP_LEAKS"}
     env.update(THREADHEAP_PROFILE=os.path.join(folder, "exit.pb.gz"), THREADHEAP_PROFILE_RATE="64K",
                PROFILE_DUMP=folder, LD_LIBRARY_PATH=bogus)
@@ -472,12 +477,8 @@ def no_unwinder(tmp):
     nor liblzma, and one that profiles maps it. Without it (a libunwind.so.8 that is not a library, found first
     on LD_LIBRARY_PATH), profiling says so in one line and stays off: the program runs and no profile is
     written."""
-    folder = os.path.join(tmp, "nounwinder")
-    bogus = os.path.join(tmp, "nounwind")
+    bogus, folder = not_a_library(tmp, "libunwind.so.8"), os.path.join(tmp, "nounwinder")
     os.makedirs(folder)
-    os.makedirs(bogus)
-    with open(os.path.join(bogus, "libunwind.so.8"), "w") as f:
-        f.write("not a library\n")
     base = {k: v for k, v in os.environ.items() if not k.startswith("THREADHEAP_")}
     base["LD_PRELOAD"] = LIB
 
