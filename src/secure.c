@@ -513,9 +513,6 @@ void *secure_malloc_fill(th_heap_t *heap, size_t size) {
   return block_out(page, size, zero_on_free());
 }
 
-/* A block of a heap page, checked by free_slow or secure_free_fast (a live block start): p the pointer the
- * program holds. Checked, and held back: in the owner heap's quarantine, or on the page's remote stack
- * until its owner collects it into its own. */
 /* A remote free waits on the page's remote stack until the owner collects it into its quarantine. Apart,
  * so that the owner's path keeps its registers. */
 TH_NOINLINE static void free_remote_push(th_page_t *page, th_block_t *b) {
@@ -523,6 +520,9 @@ TH_NOINLINE static void free_remote_push(th_page_t *page, th_block_t *b) {
   page_push_remote(page, b);
 }
 
+/* A block of a heap page, checked by free_slow or secure_free_fast (a live block start): p the pointer the
+ * program holds. Checked, and held back: in the owner heap's quarantine, or on the page's remote stack
+ * until its owner collects it into its own. */
 static inline void free_block(th_segment_t *seg, th_page_t *page, th_block_t *b, const void *p, bool zero) {
   block_check(page, (const uint8_t *)b, p);
   size_t bsize = page->block_size;

@@ -478,9 +478,9 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
   /* Free slots the exiting thread left committed (heap_exit) join this heap's purge queue with the clock they
    * already had, at its front: they were mostly freed before anything on it, and one that was not keeps the
    * slots behind it waiting at most one delay more. */
-  for (size_t i = seg->page_count; i-- > 0;) {
+  for (size_t i = seg->is_pinned ? 0 : seg->page_count; i-- > 0;) { /* (a pinned one's slots stay committed) */
     th_page_t *page = &seg->pages[i];
-    if (page->in_use || page->is_purged || page->purge_pending || seg->is_pinned) continue;
+    if (page->in_use || page->is_purged || page->purge_pending) continue;
     if (page->free_since_ms == 0) page->free_since_ms = os_now_ms();
     page->purge_pending = 1;
     heap_queue_push_front(heap, &heap->purge, page);
