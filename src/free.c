@@ -67,14 +67,16 @@ TH_API TH_HOT void th_free(void *p) {
   uintptr_t region = (uintptr_t)p >> TH_SEGMENT_SHIFT;
   if (th_likely(region < TH_MAP_ENTRIES &&
                 atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) == 1)) {
-    th_segment_t *seg = (th_segment_t *)(region << TH_SEGMENT_SHIFT);
+    /* p masked, which runs beside the map's load: every load below waits for the segment, and the region
+     * shifted back (no bounds test, two instructions fewer) made the pair slower (docs/design.md). */
+    th_segment_t *seg = (th_segment_t *)((uintptr_t)p & ~(TH_SEGMENT_SIZE - 1));
     th_page_t *page = segment_page_of(seg, p);
     th_block_t *b = p;
     if (th_unlikely(atomic_load_explicit(&seg->thread_id, memory_order_relaxed) != thread_id())) {
       free_remote(seg, b); /* the page is found there: computing it here costs the owner's path */
       return;
     }
-    if (th_likely(page_is_block(page, p) && b->tag != free_tag(b))) {
+    if (th_likely(page_is_block_owner(page, p) && b->tag != free_tag(b))) {
       /* The free count carried: once every 4,096 frees of the page, and at the first free into a page
        * parked as full. The owner is the thread's default heap or one of its no-serialize explicit heaps. */
       if (th_unlikely(free_push_local(page, b)))

@@ -17,7 +17,7 @@
 #endif
 
 /* Nothing declared below leaves the library: saying so here, not only at the definitions, lets the compiler
- * address the globals the fast paths read (th_key, th_segment_map) directly instead of through the GOT. */
+ * address the globals the fast paths read (th_segment_map) directly instead of through the GOT. */
 #pragma GCC visibility push(hidden)
 
 #define th_likely(x) __builtin_expect(!!(x), 1)
@@ -398,7 +398,7 @@ static inline th_segment_t *segment_lookup(const void *p) {
 }
 
 static inline th_page_t *segment_page_of(th_segment_t *seg, const void *p) {
-  return &seg->pages[((uintptr_t)p - (uintptr_t)seg) >> seg->page_shift];
+  return (th_page_t *)((uint8_t *)seg->pages + (((uintptr_t)p >> seg->page_index_shift) & seg->page_index_mask));
 }
 
 /* A free by a thread that does not own the page: one CAS when the page is not parked as full (state NORMAL
@@ -433,18 +433,32 @@ static inline void pairs_count_one(_Atomic(uint64_t) *count) {
 #endif
 }
 
-/* Is p the start of a block the page has carved? One multiply and a rotate (see th_page_t.block_inv): the
- * index it gives is below capacity only for a block start. */
-static inline bool page_is_block(const th_page_t *page, const void *p) {
-  uint64_t x = (uint64_t)((const uint8_t *)p - page->start) * page->block_inv;
+/* The index of the block that starts at p, or a number larger than any block count when no block of the page
+ * starts there: one multiply and a rotate (see th_page_t.block_inv). */
+static inline uint64_t page_block_index(const th_page_t *page, const void *p) {
+  uint64_t x = ((uint64_t)(uintptr_t)p - (uint64_t)(uintptr_t)page->start) * page->block_inv;
   unsigned k = page->block_shift;
-  uint64_t idx = (x >> k) | (x << ((64 - k) & 63));
-  /* capacity grows under the owner while other threads free: a relaxed atomic load (a plain mov). */
-  return idx < __atomic_load_n(&page->capacity, __ATOMIC_RELAXED);
+  return (x >> k) | (x << ((64 - k) & 63));
 }
 
-/* The second word of a free block: the double-free tag. */
-static inline uintptr_t free_tag(const void *block) { return th_key ^ (uintptr_t)block; }
+/* Is p the start of a block the page has carved? capacity grows under the owner while other threads free:
+ * a relaxed atomic load. */
+static inline bool page_is_block(const th_page_t *page, const void *p) {
+  return page_block_index(page, p) < __atomic_load_n(&page->capacity, __ATOMIC_RELAXED);
+}
+
+/* The same test by the owner, who alone writes capacity: a plain load, which the compare takes straight from
+ * memory (an atomic load costs th_free a separate instruction). */
+static inline bool page_is_block_owner(const th_page_t *page, const void *p) {
+  return page_block_index(page, p) < page->capacity;
+}
+
+/* The second word of a free block: the double-free tag, the block's address plus an odd constant past any
+ * block's size (one lea, where a key in memory costs a load): never a pointer into the block nor an aligned
+ * one. It only filters: a program word that happens to match sends its free to the slow path, which looks
+ * the block up in the page's lists before it reports anything. */
+#define TH_FREE_TAG_OFFSET ((uintptr_t)0x6b43a9b5)
+static inline uintptr_t free_tag(const void *block) { return (uintptr_t)block + TH_FREE_TAG_OFFSET; }
 
 /* Offset of p from the block that holds it: 0 for a block start. Multiply-shift, no division. */
 static inline size_t page_block_offset(const th_page_t *page, const void *p) {

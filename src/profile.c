@@ -370,7 +370,7 @@ static void *sample_block(th_heap_t *heap, size_t size, size_t charged) {
   uint64_t est_bytes, est_count;
   profile_stack_t *s = record_alloc(size, charged, &est_bytes, &est_count);
   if (s) fresh_at(s, (size_t)fresh_bytes);
-  if (est_bytes == (th_key ^ (uintptr_t)b)) est_bytes++; /* never mistaken for a free block's tag */
+  if (est_bytes == free_tag(b)) est_bytes++; /* never mistaken for a free block's tag */
   b[0] = (uintptr_t)s;
   b[1] = est_bytes;
   b[2] = (est_count & 0xffffffffu) | ((os_now_ms() - profile.start_ms) << 32);

@@ -38,7 +38,7 @@
 /* ---- keys and random numbers */
 
 /* The process's key, behind the pages' keys and the huge blocks' secrets: random, and not th_key, which
- * every free block shows (XOR its address) in its tag word. Set once, before the first secure heap. */
+ * an aligned block shows (XOR its address) in the word below it. Set once, before the first secure heap. */
 static uintptr_t secure_key;
 
 static void key_init(void) {

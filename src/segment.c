@@ -205,6 +205,8 @@ void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched
                   : kind == TH_KIND_MEDIUM ? TH_MEDIUM_PAGE_SHIFT
                   : kind == TH_KIND_LARGE ? TH_SEGMENT_SHIFT : 63;
   seg->page_count = (uint32_t)pages;
+  seg->page_index_shift = (uint8_t)(seg->page_shift - 7);
+  seg->page_index_mask = (uint64_t)(pages - 1) << 7;
   seg->is_zero = untouched;
   for (size_t i = 0; i < pages; i++) seg->pages[i].is_purged = seg->pages[i].is_zero = untouched;
   seg->is_secure = secure;

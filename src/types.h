@@ -11,7 +11,7 @@
 /* Glossary
  *
  *  block    what malloc returns: at least 16 bytes, 16-byte aligned. A free block holds `next` in its first
- *           word and the double-free tag (th_key ^ address) in its second.
+ *           word and the double-free tag (free_tag: the address plus a constant) in its second.
  *  page     a run of memory holding blocks of one size class, with three free lists (free, local_free,
  *           thread_free). Small pages are 64 KiB (blocks up to 4 KiB), medium 2 MiB (up to 64 KiB), a large
  *           page is a whole segment.
@@ -62,7 +62,7 @@ typedef enum th_kind_e {
 
 typedef struct th_block_s {
   struct th_block_s *next; /* next free block of the same page, or NULL */
-  uintptr_t tag;           /* th_key ^ (uintptr_t)block while free; 0 once malloc hands it out */
+  uintptr_t tag;           /* free_tag(block) while free; 0 once malloc hands it out */
 } th_block_t;
 
 /* States of a page's thread_free word, kept in its two low bits (blocks are 16-byte aligned). They let a
@@ -120,9 +120,10 @@ typedef struct th_page_s {
    * paths still purges. Parking a page as full sets the count to all ones, so the same carry test catches
    * the first free into it. */
   uint32_t used_word;
-  uint32_t capacity;      /* blocks carved so far; the rest of the page is untouched */
-  uint32_t reserved;      /* blocks that fit in the page */
   uint32_t block_size;    /* for a huge segment: usable bytes of its one block */
+  /* Blocks carved so far; the rest of the page is untouched. 64 bits though it never passes 4,096: the
+   * block-start test compares a 64-bit index with it straight from memory. */
+  uint64_t capacity;
   /* block_size = d * 2^block_shift with d odd; block_inv = d^-1 mod 2^64. For an offset x from start,
    * rotate_right(x * block_inv, block_shift) is x / block_size when block_size divides x, and larger than any
    * block count when it does not (or when x is "negative"): one multiply tells a block start and its index.
@@ -138,13 +139,15 @@ typedef struct th_page_s {
   uint8_t block_shift;
   uint8_t interior_purged; /* heap_purge returned the insides of the free blocks (see idle_free) */
   uint32_t committed;     /* bytes of this page counted as committed (carved bytes rounded to OS pages) */
-  uint8_t tail_fresh;     /* the uncarved rest of the page is fresh from the OS (page_extend counts fresh bytes) */
+  uint16_t reserved;      /* blocks that fit in the page (at most 4,096) */
+  /* The owner's flags, one byte: */
+  uint8_t tail_fresh : 1; /* the uncarved rest of the page is fresh from the OS (page_extend counts fresh bytes) */
   /* The slot's whole area reads as zero: fresh from the OS, or purged from its first byte to its last (is_purged
    * alone allows unpurged partial OS pages at the ends). page_init moves it to zero_blocks and clears it. */
-  uint8_t is_zero;
+  uint8_t is_zero : 1;
   /* Every block carved from this page was zero when carved, so one never handed out (a free-list block whose
    * tag is still 0: every free tags the block) is zero but for its link word: th_calloc skips its memset. */
-  uint8_t zero_blocks;
+  uint8_t zero_blocks : 1;
   _Atomic(uintptr_t) thread_free;  /* remote frees: a block stack, its length and a state (see TH_TF_*) */
   struct th_page_s *next, *prev;   /* heap queue, full queue or purge queue */
   struct th_page_s *ready_next;    /* link on heap->ready (pushed by a remote thread) */
@@ -190,13 +193,18 @@ struct th_segment_s {
   uint8_t is_zero;           /* huge: the memory is as fresh from the OS (all zero) */
   uint8_t in_cache;
   uint8_t is_pinned;         /* committed by an explicit heap's initial_size: never purged while it lives */
+  /* The byte offset of p's descriptor in pages[] is (p >> page_index_shift) & page_index_mask, with
+   * page_index_shift = page_shift - 7 and page_index_mask = (page_count - 1) << 7 (descriptors are 128
+   * bytes): from p alone, so a free needs no subtraction, no shift back and no copy of p for it. The
+   * segment is 4 MiB-aligned, so the bits the mask keeps are the page index. */
+  uint8_t page_index_shift;
   uint32_t page_count;
   uint32_t used_pages;
   _Atomic(uintptr_t) thread_id;
   _Atomic(th_heap_t *) heap;
   th_segment_t *next, *prev; /* the heap's segment list of this kind, the abandoned list, or the cache */
+  uint64_t page_index_mask;  /* on the first cache line with thread_id and page_index_shift: a free reads all three */
   uint64_t cached_since_ms;
-  _Atomic(int) huge_live;    /* huge: 1 while the block is allocated; the exchange to 0 catches double frees */
   size_t huge_committed;     /* huge: bytes from the segment start to the block's end, in OS pages */
   size_t huge_size;          /* huge: the size asked for (the attribution's in_use) */
   /* huge, while profiling: the block's sample (NULL: not sampled) and its estimates (profile.c) */
@@ -214,9 +222,13 @@ struct th_segment_s {
    * while the segment is cached, so that a segment taken again for the same layout needs no mprotect;
    * read by segment_init before it clears the header. */
   uint8_t guards;
+  _Atomic(int) huge_live;    /* huge: 1 while the block is allocated; the exchange to 0 catches double frees */
   size_t guard_end;
   _Alignas(128) th_page_t pages[]; /* page_count descriptors, each on two whole cache lines */
 };
+_Static_assert(offsetof(th_segment_t, pages) == 128, "the header's fields fit in two cache lines");
+_Static_assert(offsetof(th_segment_t, page_index_mask) < 64 && offsetof(th_segment_t, thread_id) < 64,
+               "what a free reads of the header is on its first cache line");
 
 typedef struct th_heap_counters_s {
   size_t committed;  /* bytes counted in this heap's pages */

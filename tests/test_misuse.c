@@ -162,12 +162,18 @@ static void case_invalid(int kind, enum op op) {
       if (p == MAP_FAILED) _exit(93);
       break;
     case 3: p = (void *)0x10; break;
+    /* A live block's address with a bit past the 47-bit address space set: its low bits name a real block
+     * of a real segment, which the fast paths' map lookup (of the low 47 bits) finds. */
+    case 4:
+    case 6: p = (void *)((uintptr_t)th_malloc(48) | (uintptr_t)1 << 47); break;
+    case 5: p = (void *)((uintptr_t)th_malloc(48) | (uintptr_t)1 << 63); break;
   }
   /* threadheap has been used before the bad call, so its tables exist. */
   void *warm = th_malloc(100);
   th_free(warm);
   check_expect("%s invalid pointer %p (not allocated by threadheap)", op_word[op], p);
-  do_op(op, p);
+  if (kind == 6 && op == OP_FREE) run_on_thread(thread_free, p); /* the remote path */
+  else do_op(op, p);
   on_stack[0] = 1; /* keep the array alive until after the call */
 }
 
@@ -277,7 +283,9 @@ int main(void) {
   static const char *const who_name[] = {"owner frees twice", "other thread frees twice",
                                          "owner then other thread", "other thread then owner",
                                          "allocated by an exited thread, freed twice"};
-  static const char *const invalid_name[] = {"stack address", "global", "mmap'ed memory", "(void*)0x10"};
+  static const char *const invalid_name[] = {"stack address", "global", "mmap'ed memory", "(void*)0x10",
+                                             "a block's address | 2^47", "a block's address | 2^63",
+                                             "a block's address | 2^47, by another thread"};
   char label[160];
   for (int s = 0; s < 3; s++)
     for (int who = 0; who < 5; who++) {
@@ -293,8 +301,9 @@ int main(void) {
       snprintf(label, sizeof label, "%s a freed %s block", op_word[op], size_name[s]);
       misuse(label, c_freed, s, op);
     }
-  for (int k = 0; k < 4; k++)
+  for (int k = 0; k < 7; k++)
     for (int op = OP_FREE; op <= OP_USABLE; op++) {
+      if (k == 6 && op != OP_FREE) continue;
       snprintf(label, sizeof label, "%s invalid pointer: %s", op_word[op], invalid_name[k]);
       misuse(label, c_invalid, k, op);
     }
