@@ -61,7 +61,14 @@ static bool is_class_queue(const th_heap_t *heap, const th_page_queue_t *q) {
   return q >= &heap->queues[0] && q < &heap->queues[TH_CLASS_COUNT];
 }
 
+/* Only the owner in a slow path, or a sweeper that holds the heap, changes its queues (sweep.c). */
+__attribute__((unused)) static bool heap_is_held(const th_heap_t *heap) {
+  return heap_is_explicit(heap) || atomic_load_explicit(&heap->in_slow, memory_order_relaxed) != 0 ||
+         atomic_load_explicit(&heap->sweeping, memory_order_relaxed) != 0;
+}
+
 void heap_queue_remove(th_heap_t *heap, th_page_queue_t *q, th_page_t *page) {
+  th_assert(heap_is_held(heap));
   bool was_first = q->first == page;
   if (page->prev) page->prev->next = page->next;
   else q->first = page->next;
@@ -72,6 +79,7 @@ void heap_queue_remove(th_heap_t *heap, th_page_queue_t *q, th_page_t *page) {
 }
 
 void heap_queue_push_front(th_heap_t *heap, th_page_queue_t *q, th_page_t *page) {
+  th_assert(heap_is_held(heap));
   page->prev = NULL;
   page->next = q->first;
   if (q->first) q->first->prev = page;
@@ -131,9 +139,11 @@ void heap_page_retire(th_heap_t *heap, th_page_t *page) {
 
 /* The slow half of a free by the owner: the page was parked as full, or it became empty. */
 void heap_free_local(th_heap_t *heap, th_page_t *page) {
+  heap_slow_enter(heap);
   heap_collect_ready(heap);
   if (page->in_full) heap_unpark(heap, page);
   if (page_used(page) == 0) heap_page_retire(heap, page);
+  heap_slow_exit(heap);
 }
 
 /* The owner's free count carried (page_count_free). Into a page parked as full: it goes back to its queue.
@@ -141,6 +151,7 @@ void heap_free_local(th_heap_t *heap, th_page_t *page) {
  * so that memory freed before a steady state that never leaves the fast paths still goes back after the
  * purge delay. */
 void heap_free_tick(th_heap_t *heap, th_page_t *page) {
+  heap_slow_enter(heap);
   th_assert(!page->in_full || page->used_word >> TH_USED_BITS == 0); /* parked: the count was all ones */
   if (page->in_full) {
     heap_count_frees(heap, page->class_idx, 1); /* the one free that carried out of the all-ones count */
@@ -150,6 +161,7 @@ void heap_free_tick(th_heap_t *heap, th_page_t *page) {
     if (th_unlikely(heap->sampler != NULL)) profile_free_tick(heap, page); /* the budget's free bound */
     heap_purge(heap, false);
   }
+  heap_slow_exit(heap);
 }
 
 /* A page of a class queue whose blocks are all free (page_is_empty) goes back to its segment. */
@@ -205,7 +217,12 @@ void heap_purge(th_heap_t *heap, bool force) {
   if (th_unlikely(th_profile_on)) profile_tick(now); /* and so do periodic heap profiles */
   uint64_t delay = (uint64_t)th_options.purge_delay;
   if (!force && now < heap->next_purge_ms) return;
-  heap->next_purge_ms = now + (delay / 4 > 10 ? delay / 4 : 10);
+  if (th_unlikely(heap->sweep_kept)) { /* segments a sweep emptied (heap_sweep) */
+    heap->sweep_kept = false;
+    segment_release_unused(heap);
+  }
+  /* Sweepers read it (sweep.c): a relaxed atomic store, a plain mov. */
+  __atomic_store_n(&heap->next_purge_ms, now + (delay / 4 > 10 ? delay / 4 : 10), __ATOMIC_RELAXED);
   /* Remote frees into a secure heap wait in its quarantine, not on pages this round may free, and classes
    * no longer freed let theirs go (secure.c). */
   if (th_unlikely(heap->secure != NULL) && !force) secure_purge(heap);
@@ -243,7 +260,35 @@ void heap_purge(th_heap_t *heap, bool force) {
       th_kind_t kind = (th_kind_t)(heap->stat.slow_calls / 16 % TH_KINDS_PAGED);
       if (!segment_try_adopt(heap, kind)) break;
     }
+    /* And pages that other threads emptied in heaps whose threads only wait (sweep.c); with one thread
+     * there is nothing to look at. */
+    if (atomic_load_explicit((_Atomic(size_t) *)&th_stats_global.threads_live, memory_order_relaxed) > 1)
+      sweep_idle_heaps(heap, now);
   }
+}
+
+/* A sweeper's pass over an idle thread heap, which sweep.c holds: its owner is in none of its slow paths.
+ * The owner's fast paths run on, and they touch only the first page of each class (malloc) and pages where
+ * the owner frees a block it holds: an empty page has none. So the empty pages after the first of their
+ * class go back to their segments, as the owner's own purge round would free them. No segment is released:
+ * that could hand it to another thread while the owner still writes the last free into one of its pages
+ * (a free counts first, then pushes); a segment left with no page in use stays with the heap, and the
+ * owner's next purge round releases it. Then every free slot is purged: the owner has not been in a slow
+ * path for the delay, and will carve no page before it is. */
+void heap_sweep(th_heap_t *heap, uint64_t now) {
+  for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
+    th_page_t *first = heap->queues[c].first;
+    if (first == NULL) continue;
+    for (th_page_t *page = first->next, *next; page; page = next) {
+      next = page->next;
+      if (!page_is_empty(page)) continue;
+      page_discard_free(page);
+      heap_queue_remove(heap, &heap->queues[c], page);
+      segment_page_free_kept(heap, page);
+      heap->sweep_kept = true;
+    }
+  }
+  heap_purge_slots(heap, now, 0);
 }
 
 /* Full pages revisited, pages emptied by remote frees freed: what a capped heap does before failing (and
@@ -275,6 +320,8 @@ void heap_collect_remote(th_heap_t *heap) {
  * memory where 8 threads kept exiting (docs/design.md, "Thread exit and adoption"). */
 void heap_exit(th_heap_t *heap) {
   if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap);
+  heap->sweep_kept = false;
+  segment_release_unused(heap);
   heap_collect_remote(heap);
   heap_purge_slots(heap, os_now_ms(), (uint64_t)th_options.purge_delay / 8);
   while (heap->purge.first) {
@@ -287,9 +334,11 @@ void heap_exit(th_heap_t *heap) {
 
 /* Everything that can be given back now: the above, then every free page slot purged. */
 void heap_collect(th_heap_t *heap) {
+  heap_slow_enter(heap);
   if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap);
   heap_collect_remote(heap);
   heap_purge(heap, true);
+  heap_slow_exit(heap);
 }
 
 /* Has the page a block to hand out? A secure heap's pages keep theirs on secure_free (secure.c). */
@@ -391,10 +440,12 @@ TH_NOINLINE void *heap_malloc_refill(th_heap_t *heap, size_t size) {
       return NULL;
     }
   }
+  heap_slow_enter(heap);
   bool sampled = th_unlikely(th_profile_on) && !(heap->flags & TH_HEAP_SAMPLES);
   if ((++heap->stat.slow_calls & 15) == 0) heap_purge(heap, false);
-  if (sampled) return profile_malloc(heap, size);
-  return heap_malloc_fill(heap, size);
+  void *p = sampled ? profile_malloc(heap, size) : heap_malloc_fill(heap, size);
+  heap_slow_exit(heap);
+  return p;
 }
 
 /* A huge block for the heap (an explicit heap's own, or nobody's for a thread heap). */

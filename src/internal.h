@@ -92,6 +92,13 @@ void heap_collect(th_heap_t *heap);
 void heap_exit(th_heap_t *heap);
 void heap_free_local(th_heap_t *heap, th_page_t *page);
 void heap_free_tick(th_heap_t *heap, th_page_t *page);
+void heap_sweep(th_heap_t *heap, uint64_t now);
+
+/* ---- sweep.c */
+void sweep_idle_heaps(th_heap_t *self, uint64_t now);
+void heap_slow_wait(th_heap_t *heap);
+void sweep_lock_all(unsigned level);
+void sweep_unlock_all(unsigned level, bool child);
 
 /* ---- page.c */
 void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_idx);
@@ -114,6 +121,8 @@ th_segment_t *segment_lookup_slow(uintptr_t region, uint8_t back);
 void segment_map_set(th_segment_t *seg, size_t size, bool mapped);
 th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind);
 void segment_page_free(th_heap_t *heap, th_page_t *page);
+void segment_page_free_kept(th_heap_t *heap, th_page_t *page);
+void segment_release_unused(th_heap_t *heap);
 th_segment_t *segment_of_page(const th_page_t *page);
 size_t segment_header_size(size_t page_count, bool secure);
 th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure);
@@ -475,6 +484,22 @@ static inline size_t heap_committed(th_heap_t *heap) {
 }
 
 static inline bool heap_is_explicit(const th_heap_t *heap) { return (heap->flags & TH_HEAP_EXPLICIT) != 0; }
+
+/* The owner enters and leaves its heap's slow paths, everything that touches more than the first page of a
+ * class: a sweeper (sweep.c) frees pages of a heap only while it holds the heap and its owner is in none.
+ * The owner's side of the asymmetric fence is a plain store, a compiler barrier and a plain load; the
+ * sweeper's, a store, a barrier on every thread (os_fence_all_threads) and a load, so that one of them
+ * always sees the other. Depth, not a flag: slow paths nest (a free inside a malloc slow path). */
+static inline void heap_slow_enter(th_heap_t *heap) {
+  atomic_store_explicit(&heap->in_slow, atomic_load_explicit(&heap->in_slow, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
+  atomic_signal_fence(memory_order_seq_cst);
+  if (th_unlikely(atomic_load_explicit(&heap->sweeping, memory_order_acquire) != 0)) heap_slow_wait(heap);
+}
+static inline void heap_slow_exit(th_heap_t *heap) {
+  atomic_store_explicit(&heap->in_slow, atomic_load_explicit(&heap->in_slow, memory_order_relaxed) - 1,
+                        memory_order_release);
+}
 
 /* The explicit heap a shard belongs to (a heap is its own first shard). */
 static inline th_heap_t *heap_outer(th_heap_t *heap) { return heap->parent ? heap->parent : heap; }

@@ -32,6 +32,14 @@ void os_advise_huge(void *p, size_t size);
  * caller reserved). Returns the new address or NULL. */
 void *os_remap(void *p, size_t old_size, size_t new_size, void *dest);
 
+/* A full memory barrier on every running thread of the process (membarrier's private expedited command,
+ * registered at the first call and again in a forked child); false where the kernel refuses it. The
+ * caller's side of an asymmetric fence: the other side needs only a compiler barrier (sweep.c). */
+bool os_fence_all_threads(void);
+
+/* Let another thread run (sched_yield). */
+void os_yield(void);
+
 /* Lock m, waiting at most about ms milliseconds; true when it is held. */
 bool os_mutex_lock_timed(pthread_mutex_t *m, unsigned ms);
 

@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
+#include <linux/membarrier.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +14,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -86,6 +89,15 @@ void os_unmap(void *p, size_t size) {
 void os_purge(void *p, size_t size) {
   /* MADV_DONTNEED rather than MADV_FREE: RSS drops at once, which is what users and their monitors see. */
   if (TIMED(madvise(p, size, MADV_DONTNEED)) == 0) stats_os_purge(size);
+}
+
+void os_yield(void) { sched_yield(); }
+
+bool os_fence_all_threads(void) {
+  if (TIMED(syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0)) == 0) return true;
+  /* Not registered yet (or a forked child, whose new address space is not): register, then once more. */
+  if (errno != EPERM || syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) != 0) return false;
+  return TIMED(syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0)) == 0;
 }
 
 void os_protect(void *p, size_t size, bool access) {

@@ -57,9 +57,11 @@ TH_EXPORT int malloc_trim(size_t pad) {
   th_stats_get(&before);
   th_heap_t *heap = th_heap_tls;
   if (heap != &th_heap_empty) {
+    heap_slow_enter(heap);
     for (size_t k = 0; k < TH_KINDS_PAGED; k++)
       while (segment_try_adopt(heap, (th_kind_t)k)) {
       }
+    heap_slow_exit(heap);
   }
   th_collect();
   th_stats_get(&after);

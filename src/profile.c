@@ -609,7 +609,11 @@ void profile_init(void) {
   /* This thread's heap may hold blocks already (libc's start, the loading of zlib and protobuf-c above): its
    * lists are cut now, or the fast path would serve them unsampled until its first slow path. */
   th_heap_t *heap = th_heap_tls;
-  if (heap != &th_heap_empty && heap->sampler == NULL) (void)sampler_attach(heap);
+  if (heap != &th_heap_empty && heap->sampler == NULL) {
+    heap_slow_enter(heap);
+    (void)sampler_attach(heap);
+    heap_slow_exit(heap);
+  }
 }
 
 void profile_fork_child(void) {

@@ -384,7 +384,24 @@ th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind) {
   return page;
 }
 
-void segment_page_free(th_heap_t *heap, th_page_t *page) {
+/* A segment of the heap with no page in use leaves it: to its reserve when pinned, else to the cache. */
+static void segment_leave_heap(th_heap_t *heap, th_segment_t *seg) {
+  for (size_t i = 0; i < seg->page_count; i++) {
+    if (seg->pages[i].purge_pending) {
+      heap_queue_remove(heap, &heap->purge, &seg->pages[i]);
+      seg->pages[i].purge_pending = 0;
+    }
+  }
+  heap_segment_unlink(heap, seg);
+  if (seg->is_pinned) { /* stays committed with its heap, for the next segment the heap needs */
+    seg->next = heap->reserve;
+    heap->reserve = seg;
+    return;
+  }
+  segment_release(seg);
+}
+
+static void page_slot_free(th_heap_t *heap, th_page_t *page, bool release_unused) {
   th_segment_t *seg = segment_of_page(page);
   th_assert(page->in_use && page_used(page) == 0);
   if (page->class_idx != 0 && !page->in_full) heap_count_frees(heap, page->class_idx, page_owner_frees(page));
@@ -393,20 +410,8 @@ void segment_page_free(th_heap_t *heap, th_page_t *page) {
   page->committed = 0;
   page_forget(page);
   bool was_full = seg->used_pages == seg->page_count;
-  if (--seg->used_pages == 0) {
-    for (size_t i = 0; i < seg->page_count; i++) {
-      if (seg->pages[i].purge_pending) {
-        heap_queue_remove(heap, &heap->purge, &seg->pages[i]);
-        seg->pages[i].purge_pending = 0;
-      }
-    }
-    heap_segment_unlink(heap, seg);
-    if (seg->is_pinned) { /* stays committed with its heap, for the next segment the heap needs */
-      seg->next = heap->reserve;
-      heap->reserve = seg;
-      return;
-    }
-    segment_release(seg);
+  if (--seg->used_pages == 0 && release_unused) {
+    segment_leave_heap(heap, seg);
     return;
   }
   if (was_full) {
@@ -417,6 +422,23 @@ void segment_page_free(th_heap_t *heap, th_page_t *page) {
     page->free_since_ms = os_now_ms();
     page->purge_pending = 1;
     heap_queue_push_back(heap, &heap->purge, page);
+  }
+}
+
+void segment_page_free(th_heap_t *heap, th_page_t *page) { page_slot_free(heap, page, true); }
+
+/* A sweeper's free (heap_sweep): the segment stays with its heap even with no page in use, since the owner
+ * may still be writing its last free into the page (a free counts first, then pushes), which must not land
+ * in a segment another thread has taken from the cache. The owner releases it (segment_release_unused). */
+void segment_page_free_kept(th_heap_t *heap, th_page_t *page) { page_slot_free(heap, page, false); }
+
+/* The heap's segments with no page in use leave it (after a sweep). Owner only. */
+void segment_release_unused(th_heap_t *heap) {
+  for (size_t k = 0; k < TH_KINDS_PAGED; k++) {
+    for (th_segment_t *seg = heap->segments[k], *next; seg; seg = next) {
+      next = seg->next;
+      if (seg->used_pages == 0) segment_leave_heap(heap, seg);
+    }
   }
 }
 

@@ -97,9 +97,11 @@ th_heap_t *thread_heap_init(void) {
   process_init();
   th_heap_t *heap = thread_struct_alloc();
   if (heap == NULL) return NULL;
+  heap_slow_enter(heap); /* a sweeper may be looking at the struct: it sweeps only live heaps (sweep.c) */
   heap_init(heap);
-  heap->thread_id = thread_id();
+  __atomic_store_n(&heap->thread_id, thread_id(), __ATOMIC_RELAXED);
   if (th_options.secure) secure_heap_attach(heap);
+  heap_slow_exit(heap);
   atomic_store_explicit(&heap->tid, os_thread_tid(), memory_order_relaxed);
   th_heap_tls = heap;
   /* Keys below PTHREAD_KEY_2NDLEVEL_SIZE need no allocation; ours is created first thing. */
@@ -148,6 +150,7 @@ static void thread_done(void *arg) {
   if (heap == NULL || heap == &th_heap_empty) return;
   th_heap_tls = &th_heap_empty;
   thread_is_done = true;
+  heap_slow_enter(heap); /* no sweeper (sweep.c) while the heap ends, and none after: thread_id is 0 */
   profile_heap_end(heap);
   /* After this no remote free can name the heap: full pages go back to NORMAL first. */
   for (th_page_t *page = heap->full.first; page; page = page->next) page_clear_delay(page);
@@ -161,6 +164,8 @@ static void thread_done(void *arg) {
     }
     heap->segments[k] = NULL;
   }
+  __atomic_store_n(&heap->thread_id, 0, __ATOMIC_RELAXED);
+  heap_slow_exit(heap);
   stats_flush_thread();
   attribution_fold(heap);
   pairs_thread_done(heap);
@@ -250,6 +255,7 @@ static void fork_prepare(void) {
   thread_lock_for_fork(&heaps_lock, level);
   explicit_lock_all(level);
   segment_lock_all(level);
+  sweep_lock_all(level);
   atomic_store_explicit(&thread_fork_owner, thread_id(), memory_order_relaxed);
 }
 
@@ -260,6 +266,7 @@ static void fork_parent(void) {
   }
   unsigned level = fork_level--;
   atomic_store_explicit(&thread_fork_owner, 0, memory_order_relaxed);
+  sweep_unlock_all(level, false);
   segment_unlock_all(level, false);
   explicit_unlock_all(level, false);
   thread_unlock_after_fork(&heaps_lock, level, false);
@@ -274,6 +281,7 @@ static void fork_child(void) {
   }
   unsigned level = fork_level--;
   atomic_store_explicit(&thread_fork_owner, 0, memory_order_relaxed);
+  sweep_unlock_all(level, true);
   segment_unlock_all(level, true);
   explicit_unlock_all(level, true);
   thread_unlock_after_fork(&heaps_lock, level, true);
