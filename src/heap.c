@@ -164,11 +164,23 @@ void heap_free_tick(th_heap_t *heap, th_page_t *page) {
   heap_slow_exit(heap);
 }
 
-/* A page of a class queue whose blocks are all free (page_is_empty) goes back to its segment. */
-static void page_free_empty(th_heap_t *heap, th_page_t *page) {
+/* A page of a class queue whose blocks are all free (page_is_empty) goes back to its segment; with
+ * keep_segment (a sweep), a segment left with no page in use stays with the heap (segment_page_free_kept). */
+static void page_free_empty_as(th_heap_t *heap, th_page_t *page, bool keep_segment) {
   page_discard_free(page);
   heap_queue_remove(heap, &heap->queues[page->class_idx], page);
-  segment_page_free(heap, page);
+  if (keep_segment) segment_page_free_kept(heap, page);
+  else segment_page_free(heap, page);
+}
+
+static void page_free_empty(th_heap_t *heap, th_page_t *page) { page_free_empty_as(heap, page, false); }
+
+/* Segments a sweep left with no page in use (heap_sweep) leave the heap: on the owner's next purge round, or
+ * at its exit. */
+static void heap_release_swept(th_heap_t *heap) {
+  if (th_likely(!heap->sweep_kept)) return;
+  heap->sweep_kept = false;
+  segment_release_unused(heap);
 }
 
 /* A page in use of blocks past TH_PURGE_BLOCK_MIN (each spans whole OS pages) that saw no malloc or free for
@@ -217,10 +229,7 @@ void heap_purge(th_heap_t *heap, bool force) {
   if (th_unlikely(th_profile_on)) profile_tick(now); /* and so do periodic heap profiles */
   uint64_t delay = (uint64_t)th_options.purge_delay;
   if (!force && now < heap->next_purge_ms) return;
-  if (th_unlikely(heap->sweep_kept)) { /* segments a sweep emptied (heap_sweep) */
-    heap->sweep_kept = false;
-    segment_release_unused(heap);
-  }
+  heap_release_swept(heap);
   /* Sweepers read it (sweep.c): a relaxed atomic store, a plain mov. */
   __atomic_store_n(&heap->next_purge_ms, now + (delay / 4 > 10 ? delay / 4 : 10), __ATOMIC_RELAXED);
   /* Remote frees into a secure heap wait in its quarantine, not on pages this round may free, and classes
@@ -282,9 +291,7 @@ void heap_sweep(th_heap_t *heap, uint64_t now) {
     for (th_page_t *page = first->next, *next; page; page = next) {
       next = page->next;
       if (!page_is_empty(page)) continue;
-      page_discard_free(page);
-      heap_queue_remove(heap, &heap->queues[c], page);
-      segment_page_free_kept(heap, page);
+      page_free_empty_as(heap, page, true);
       heap->sweep_kept = true;
     }
   }
@@ -320,8 +327,7 @@ void heap_collect_remote(th_heap_t *heap) {
  * memory where 8 threads kept exiting (docs/design.md, "Thread exit and adoption"). */
 void heap_exit(th_heap_t *heap) {
   if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap);
-  heap->sweep_kept = false;
-  segment_release_unused(heap);
+  heap_release_swept(heap);
   heap_collect_remote(heap);
   heap_purge_slots(heap, os_now_ms(), (uint64_t)th_options.purge_delay / 8);
   while (heap->purge.first) {

@@ -490,10 +490,13 @@ static inline bool heap_is_explicit(const th_heap_t *heap) { return (heap->flags
  * The owner's side of the asymmetric fence is a plain store, a compiler barrier and a plain load; the
  * sweeper's, a store, a barrier on every thread (os_fence_all_threads) and a load, so that one of them
  * always sees the other. Depth, not a flag: slow paths nest (a free inside a malloc slow path). */
-static inline void heap_slow_enter(th_heap_t *heap) {
+static inline void heap_slow_mark(th_heap_t *heap) {
   atomic_store_explicit(&heap->in_slow, atomic_load_explicit(&heap->in_slow, memory_order_relaxed) + 1,
                         memory_order_relaxed);
   atomic_signal_fence(memory_order_seq_cst);
+}
+static inline void heap_slow_enter(th_heap_t *heap) {
+  heap_slow_mark(heap);
   if (th_unlikely(atomic_load_explicit(&heap->sweeping, memory_order_acquire) != 0)) heap_slow_wait(heap);
 }
 static inline void heap_slow_exit(th_heap_t *heap) {

@@ -77,9 +77,7 @@ void heap_slow_wait(th_heap_t *heap) {
   do {
     heap_slow_exit(heap);
     while (atomic_load_explicit(&heap->sweeping, memory_order_acquire) != 0) os_yield();
-    atomic_store_explicit(&heap->in_slow, atomic_load_explicit(&heap->in_slow, memory_order_relaxed) + 1,
-                          memory_order_relaxed);
-    atomic_signal_fence(memory_order_seq_cst);
+    heap_slow_mark(heap);
   } while (atomic_load_explicit(&heap->sweeping, memory_order_acquire) != 0);
 }
 
