@@ -31,6 +31,9 @@ void os_advise_huge(void *p, size_t size);
 /* Grow or shrink a mapping at p. With dest NULL only in place; otherwise it moves onto dest (which the
  * caller reserved). Returns the new address or NULL. */
 void *os_remap(void *p, size_t old_size, size_t new_size, void *dest);
+/* Move the pages of [from, from + size) over [to, to + size) of another mapping: page tables move, no byte is
+ * copied, and the range at from is gone. Counted as an unmapping of size bytes. */
+bool os_move(void *from, size_t size, void *to);
 
 /* A full memory barrier on every running thread of the process (membarrier's private expedited command,
  * registered at the first call and again in a forked child); false where the kernel refuses it. The

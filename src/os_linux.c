@@ -127,6 +127,12 @@ void *os_remap(void *p, size_t old_size, size_t new_size, void *dest) {
   return q == MAP_FAILED ? NULL : q;
 }
 
+bool os_move(void *from, size_t size, void *to) {
+  if (TIMED(mremap(from, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, to)) == MAP_FAILED) return false;
+  stats_os_unmap(size);
+  return true;
+}
+
 bool os_mutex_lock_timed(pthread_mutex_t *m, unsigned ms) {
   /* timedlock rather than clocklock: ThreadSanitizer (GCC 12) sees only the former take the lock. A jump of
    * the real-time clock only shortens or lengthens one wait. */

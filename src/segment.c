@@ -119,13 +119,33 @@ static void unmap_chain(th_segment_t *seg) {
   }
 }
 
+/* Split a cached segment under the cache lock: its first size bytes stay `seg`, the rest becomes a cached
+ * segment of its own just after it in the list (a segment is any 4 MiB-aligned range with a header at its
+ * start: splitting is bookkeeping, no system call). */
+static void cache_split(th_segment_t *seg, size_t size) {
+  th_segment_t *rest = (th_segment_t *)((uint8_t *)seg + size);
+  size_t rest_size = seg->size - size;
+  vg_defined(rest, sizeof *rest);
+  memset(rest, 0, sizeof *rest);
+  rest->size = rest_size;
+  rest->cached_since_ms = seg->cached_since_ms;
+  rest->in_cache = 1;
+  segment_map_set(rest, rest_size, true); /* its regions now point back to it, not to seg */
+  rest->prev = seg;
+  rest->next = seg->next;
+  if (seg->next) seg->next->prev = rest;
+  seg->next = rest;
+  seg->size = size;
+  /* One more entry; cache_bytes stays, and loses seg's size when it leaves. */
+  atomic_fetch_add_explicit(&cache_count, 1, memory_order_relaxed);
+}
+
 /* A cached segment for a request of size bytes; NULL if none. First one of at least size bytes and not
- * much more, taken as it is. Failing that, the smallest larger one is split: its first size bytes serve the
- * request and the rest stays cached as a segment of its own (a segment is any 4 MiB-aligned range with a
- * header at its start: splitting is bookkeeping, no system call). Its memory is resident, so the request
- * takes no fault and no kernel zeroing, where a cache of near sizes alone missed whenever a program's large
- * blocks varied in size, and mapped fresh memory beside what it held (tcmalloc's page heap splits its free
- * spans the same way; docs/design.md, "Large blocks and purging"). */
+ * much more, taken as it is. Failing that, the smallest larger one is split and its first size bytes serve
+ * the request. Its memory is resident, so the request takes no fault and no kernel zeroing, where a cache
+ * of near sizes alone missed whenever a program's large blocks varied in size, and mapped fresh memory
+ * beside what it held (tcmalloc's page heap splits its free spans the same way; docs/design.md, "Large
+ * blocks and purging"). */
 static th_segment_t *cache_take(size_t size) {
   if (atomic_load_explicit(&cache_count, memory_order_relaxed) == 0) return NULL;
   th_segment_t *found = NULL, *larger = NULL;
@@ -141,25 +161,57 @@ static th_segment_t *cache_take(size_t size) {
   }
   if (found == NULL && larger != NULL) {
     found = larger;
-    th_segment_t *rest = (th_segment_t *)((uint8_t *)larger + size);
-    size_t rest_size = larger->size - size;
-    vg_defined(rest, sizeof *rest);
-    memset(rest, 0, sizeof *rest);
-    rest->size = rest_size;
-    rest->cached_since_ms = larger->cached_since_ms;
-    rest->in_cache = 1;
-    segment_map_set(rest, rest_size, true); /* its regions now point back to it, not to larger */
-    rest->prev = larger;
-    rest->next = larger->next;
-    if (larger->next) larger->next->prev = rest;
-    larger->next = rest;
-    larger->size = size;
-    /* One more entry; cache_bytes stays, and loses the head's size when it leaves below. */
-    atomic_fetch_add_explicit(&cache_count, 1, memory_order_relaxed);
+    cache_split(larger, size);
   }
   if (found) cache_unlink(found);
   th_unlock(&cache_lock);
   return found;
+}
+
+/* A request larger than any cached segment: the cached segments without guard pages, largest first, are
+ * moved (mremap: their page tables, no copy) side by side into a fresh range of size bytes, the last one
+ * split if it holds more than the rest needs; what they do not cover stays fresh. Without it, memory freed
+ * as several smaller blocks stayed resident in the cache while a larger request faulted in new memory
+ * beside it: a program whose large blocks vary in size held both. NULL, with the cache as it was, when it
+ * holds nothing to move or the range cannot be mapped. */
+static th_segment_t *cache_gather(size_t size) {
+  if (atomic_load_explicit(&cache_count, memory_order_relaxed) == 0) return NULL;
+  th_segment_t *pieces = NULL, **tail = &pieces;
+  if (!th_lock_unless_fork(&cache_lock)) return NULL;
+  for (size_t need = size; need > 0;) {
+    th_segment_t *largest = NULL;
+    for (th_segment_t *s = cache_first; s; s = s->next)
+      if (s->guards == 0 && (largest == NULL || s->size > largest->size)) largest = s;
+    if (largest == NULL) break;
+    if (largest->size > need) cache_split(largest, need);
+    cache_unlink(largest);
+    need -= largest->size;
+    *tail = largest;
+    tail = &largest->next;
+  }
+  th_unlock(&cache_lock);
+  if (pieces == NULL) return NULL;
+  uint8_t *dest = os_map_aligned(size, TH_SEGMENT_SIZE);
+  for (size_t offset = 0; pieces; ) {
+    th_segment_t *piece = pieces;
+    pieces = piece->next;
+    size_t piece_size = piece->size;
+    if (dest == NULL) { /* back to the cache, as they were */
+      piece->next = NULL;
+      segment_release(piece);
+      continue;
+    }
+    segment_map_set(piece, piece_size, false);
+    if (!os_move(piece, piece_size, dest + offset)) os_unmap(piece, piece_size); /* that part stays fresh */
+    offset += piece_size;
+  }
+  if (dest == NULL) return NULL;
+  th_segment_t *seg = (th_segment_t *)dest;
+  seg->size = size;
+  seg->guards = 0; /* (a fresh first part reads zero already) */
+  seg->guard_end = 0;
+  segment_map_set(seg, size, true);
+  return seg;
 }
 
 th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure) {
@@ -169,6 +221,9 @@ th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure) {
     stats_count(&th_stats_global.cache_hits);
   } else {
     stats_count(&th_stats_global.cache_misses);
+    seg = cache_gather(size);
+  }
+  if (seg == NULL) {
     seg = os_map_aligned(size, TH_SEGMENT_SIZE);
     if (seg == NULL && atomic_load_explicit(&cache_count, memory_order_relaxed) != 0) {
       segment_cache_purge(true); /* address space short (RLIMIT_AS): cached segments go first */
