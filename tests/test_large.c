@@ -5,7 +5,12 @@
  *
  * split_merge: the cache serves a request of another size from what it holds. A freed 24 MiB block is split
  * for an 8 MiB request (the rest, 16 MiB, stays cached and serves the next), and the two merge again when
- * freed, so a 24 MiB request takes them whole: no new mapping all along, every byte written and read back. */
+ * freed, so a 24 MiB request takes them whole: no new mapping all along, every byte written and read back.
+ *
+ * gather: a request larger than every cached segment takes their memory too. Two freed 8 MiB blocks, kept
+ * apart by a live one, are moved into a 20 MiB request: the cache gives up their 16 MiB, and writing the
+ * whole block faults in only the 4 MiB they do not cover (fewer than 2,048 faults of its 5,120 pages).
+ * Grown to 64 MiB with realloc, it moves (its pieces are separate kernel mappings) with its bytes. */
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -54,11 +59,15 @@ static void run(size_t size) {
 /* A request whose huge block spans exactly n MiB of segments (its header and alignment fit in the 64 KiB). */
 static size_t spanning(size_t n) { return n * MiB - 64 * 1024; }
 
-static int fill_check(unsigned char *p, size_t size, unsigned char seed) {
-  for (size_t i = 0; i < size; i += 4096) p[i] = (unsigned char)(seed + i / 4096);
+static int holds(const unsigned char *p, size_t size, unsigned char seed) {
   int ok = 1;
   for (size_t i = 0; i < size; i += 4096) ok &= p[i] == (unsigned char)(seed + i / 4096);
   return ok;
+}
+
+static int fill_check(unsigned char *p, size_t size, unsigned char seed) {
+  for (size_t i = 0; i < size; i += 4096) p[i] = (unsigned char)(seed + i / 4096);
+  return holds(p, size, seed);
 }
 
 static void split_merge(void) {
@@ -92,7 +101,37 @@ static void split_merge(void) {
          st2.os_maps - st0.os_maps);
 }
 
+static void gather(void) {
+  unsigned char *a = th_malloc(spanning(8)), *sep = th_malloc(spanning(8)), *b = th_malloc(spanning(8));
+  if (!CHECK(a != NULL && sep != NULL && b != NULL)) return;
+  CHECK(fill_check(a, spanning(8), 5) && fill_check(b, spanning(8), 6) && fill_check(sep, spanning(8), 7));
+  th_free(a);
+  th_free(b);
+  th_stats_t st0, st1;
+  th_stats_get(&st0);
+  long f0 = minor_faults();
+  unsigned char *big = th_malloc(spanning(20));
+  if (!CHECK(big != NULL)) return;
+  CHECK(fill_check(big, spanning(20), 8));
+  long faults = minor_faults() - f0;
+  th_stats_get(&st1);
+  CHECK_MSG(st0.cached - st1.cached == 16 * MiB, "gather: cached %zu -> %zu", st0.cached, st1.cached);
+  CHECK_MSG(faults < 2048, "gather: %ld faults writing 20 MiB", faults);
+  CHECK(holds(sep, spanning(8), 7)); /* the live block between them kept its bytes */
+  printf("gather: two cached 8 MiB blocks served a 20 MiB request, %ld faults writing it\n", faults);
+  /* Its pages are several kernel mappings now: growing it moves them all, bytes kept. */
+  unsigned char *grown = th_realloc(big, spanning(64));
+  if (!CHECK(grown != NULL)) return;
+  big = grown;
+  CHECK(holds(big, spanning(20), 8));
+  CHECK(fill_check(big, spanning(64), 9));
+  th_free(big);
+  th_free(sep);
+  th_collect();
+}
+
 int main(void) {
+  gather();
   split_merge();
   run(16 * MiB);
   run(8 * MiB);
