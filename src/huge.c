@@ -93,22 +93,6 @@ void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
   return p;
 }
 
-/* One mremap moves one kernel mapping, and a segment that cache_gather built from several cached pieces
- * spans several, each a whole number of regions: such a segment moves region by region, back again if one
- * of the moves fails (the OS short of mappings). */
-static bool move_regions(uint8_t *from, size_t size, uint8_t *to) {
-  size_t done = 0;
-  while (done < size && os_remap(from + done, TH_SEGMENT_SIZE, TH_SEGMENT_SIZE, to + done) != NULL)
-    done += TH_SEGMENT_SIZE;
-  if (done == size) return true;
-  while (done > 0) {
-    done -= TH_SEGMENT_SIZE;
-    if (os_remap(to + done, TH_SEGMENT_SIZE, TH_SEGMENT_SIZE, from + done) == NULL)
-      report_fatal("the OS refused to move a huge block's pages back after a failed move");
-  }
-  return false;
-}
-
 /* The last huge blocks freed, for the misuse report only: a freed huge block whose segment was unmapped at
  * once (no segment cache, THREADHEAP_PURGE_DELAY=0, or a block past THREADHEAP_CACHE_MAX) is no longer in
  * the segment map, and its second free would otherwise be named an invalid pointer, not a double free.
@@ -187,7 +171,8 @@ static void *huge_remap(th_segment_t *seg, void *p, size_t size, size_t guard) {
        * clearing the entries then would erase that segment's, and its blocks would look foreign. No other
        * thread looks this block up meanwhile: it is being reallocated. */
       segment_map_set(seg, old, false);
-      if (os_remap(seg, old, need, dest) == NULL && !move_regions((uint8_t *)seg, old, dest)) {
+      /* (A segment gathered from cached pieces spans several kernel mappings: os_move, region by region.) */
+      if (os_remap(seg, old, need, dest) == NULL && !os_move(seg, old, dest, TH_SEGMENT_SIZE)) {
         segment_map_set(seg, old, true);
         os_unmap(dest, need);
         if (owner) owner_link(owner, seg);

@@ -32,8 +32,10 @@ void os_advise_huge(void *p, size_t size);
  * caller reserved). Returns the new address or NULL. */
 void *os_remap(void *p, size_t old_size, size_t new_size, void *dest);
 /* Move the pages of [from, from + size) over [to, to + size) of another mapping: page tables move, no byte is
- * copied, and the range at from is gone. Counted as an unmapping of size bytes. */
-bool os_move(void *from, size_t size, void *to);
+ * copied, and the range at from is gone. One mremap moves one kernel mapping: a range of several (a segment
+ * gathered from pieces) moves granule by granule, each within one mapping, and back again if one of the
+ * moves fails. false: nothing moved. No statistics: the caller's to count. */
+bool os_move(void *from, size_t size, void *to, size_t granule);
 
 /* A full memory barrier on every running thread of the process (membarrier's private expedited command,
  * registered at the first call and again in a forked child); false where the kernel refuses it. The

@@ -127,10 +127,22 @@ void *os_remap(void *p, size_t old_size, size_t new_size, void *dest) {
   return q == MAP_FAILED ? NULL : q;
 }
 
-bool os_move(void *from, size_t size, void *to) {
-  if (TIMED(mremap(from, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, to)) == MAP_FAILED) return false;
-  stats_os_unmap(size);
-  return true;
+static bool move_one(uint8_t *from, size_t size, uint8_t *to) {
+  return TIMED(mremap(from, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, to)) != MAP_FAILED;
+}
+
+bool os_move(void *from, size_t size, void *to, size_t granule) {
+  uint8_t *f = from, *t = to;
+  if (move_one(f, size, t)) return true;
+  size_t done = 0;
+  while (done < size && move_one(f + done, granule, t + done)) done += granule;
+  if (done == size) return true;
+  while (done > 0) {
+    done -= granule;
+    if (!move_one(t + done, granule, f + done))
+      report_fatal("the OS refused to move a block's pages back after a failed move");
+  }
+  return false;
 }
 
 bool os_mutex_lock_timed(pthread_mutex_t *m, unsigned ms) {

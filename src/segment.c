@@ -202,7 +202,8 @@ static th_segment_t *cache_gather(size_t size) {
       continue;
     }
     segment_map_set(piece, piece_size, false);
-    if (!os_move(piece, piece_size, dest + offset)) os_unmap(piece, piece_size); /* that part stays fresh */
+    if (os_move(piece, piece_size, dest + offset, TH_SEGMENT_SIZE)) stats_os_unmap(piece_size); /* (replaced) */
+    else os_unmap(piece, piece_size); /* that part of the range stays fresh */
     offset += piece_size;
   }
   if (dest == NULL) return NULL;
