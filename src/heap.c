@@ -231,7 +231,7 @@ void heap_purge(th_heap_t *heap, bool force) {
   if (!force && now < heap->next_purge_ms) return;
   heap_release_swept(heap);
   /* Sweepers read it (sweep.c): a relaxed atomic store, a plain mov. */
-  __atomic_store_n(&heap->next_purge_ms, now + (delay / 4 > 10 ? delay / 4 : 10), __ATOMIC_RELAXED);
+  __atomic_store_n(&heap->next_purge_ms, now + purge_round_ms(delay), __ATOMIC_RELAXED);
   /* Remote frees into a secure heap wait in its quarantine, not on pages this round may free, and classes
    * no longer freed let theirs go (secure.c). */
   if (th_unlikely(heap->secure != NULL) && !force) secure_purge(heap);

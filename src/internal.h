@@ -485,6 +485,10 @@ static inline size_t heap_committed(th_heap_t *heap) {
 
 static inline bool heap_is_explicit(const th_heap_t *heap) { return (heap->flags & TH_HEAP_EXPLICIT) != 0; }
 
+/* The time between two purge rounds of a heap (heap_purge), and between two sweeps (sweep.c): a quarter of
+ * the purge delay, at least 10 ms. */
+static inline uint64_t purge_round_ms(uint64_t delay) { return delay / 4 > 10 ? delay / 4 : 10; }
+
 /* The owner enters and leaves its heap's slow paths, everything that touches more than the first page of a
  * class: a sweeper (sweep.c) frees pages of a heap only while it holds the heap and its owner is in none.
  * The owner's side of the asymmetric fence is a plain store, a compiler barrier and a plain load; the

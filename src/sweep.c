@@ -56,7 +56,7 @@ void sweep_idle_heaps(th_heap_t *self, uint64_t now) {
   uint64_t delay = (uint64_t)th_options.purge_delay;
   uint64_t due = atomic_load_explicit(&sweep_next_ms, memory_order_relaxed);
   if (now < due || atomic_load_explicit(&sweep_off, memory_order_relaxed)) return;
-  if (!atomic_compare_exchange_strong_explicit(&sweep_next_ms, &due, now + (delay / 4 > 10 ? delay / 4 : 10),
+  if (!atomic_compare_exchange_strong_explicit(&sweep_next_ms, &due, now + purge_round_ms(delay),
                                                memory_order_relaxed, memory_order_relaxed))
     return;
   if (!th_trylock(&sweep_lock)) return;
