@@ -80,17 +80,20 @@ void page_forget(th_page_t *page) {
   atomic_store_explicit(&page->thread_free, 0, memory_order_relaxed);
 }
 
-/* Carve up to TH_EXTEND_BYTES more blocks (at least one) onto the free list. Carving lazily keeps untouched
- * memory out of RSS and the first touch of each OS page close to its first use. */
+/* Carve more blocks onto the free list: those that start in the OS page of the first uncarved block (at
+ * most TH_EXTEND_BYTES of them), at least one. Carving writes each block's link word, at its start, so a
+ * carve touches one OS page; a block that runs into the next page touches it when the program uses it.
+ * Carving lazily keeps untouched memory out of RSS and the first touch of each OS page close to its first
+ * use: a class of a few blocks costs one OS page (docs/design.md, "Resident size at start"). */
 bool page_extend(th_heap_t *heap, th_page_t *page) {
   size_t bsize = page->block_size;
-  size_t n = TH_EXTEND_BYTES / bsize;
-  if (n == 0) n = 1;
-  if (n < 8 && bsize <= 1024) n = 8; /* fewer trips to the slow path for blocks up to 1 KiB */
-  if (n > page->reserved - page->capacity) n = page->reserved - page->capacity;
-  if (n == 0) return false;
   uint8_t *first = page->start + (size_t)page->capacity * bsize;
   size_t ps = os_page_size();
+  size_t span = ps - ((uintptr_t)first & (ps - 1)); /* bytes left in first's OS page */
+  if (span > TH_EXTEND_BYTES) span = TH_EXTEND_BYTES;
+  size_t n = (span + bsize - 1) / bsize; /* the blocks that start within span: at least one */
+  if (n > page->reserved - page->capacity) n = page->reserved - page->capacity;
+  if (n == 0) return false;
   uintptr_t base = (uintptr_t)page->start & ~(uintptr_t)(ps - 1);
   size_t committed = align_up((uintptr_t)first + n * bsize - base, ps);
   if (th_unlikely(heap->max_size != 0) && committed > page->committed) {
