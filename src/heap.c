@@ -447,6 +447,7 @@ TH_NOINLINE void *heap_malloc_refill(th_heap_t *heap, size_t size) {
     }
   }
   heap_slow_enter(heap);
+  free_remote_flush(); /* what this thread holds for other threads' pages goes before it takes more */
   bool sampled = th_unlikely(th_profile_on) && !(heap->flags & TH_HEAP_SAMPLES);
   if ((++heap->stat.slow_calls & 15) == 0) heap_purge(heap, false);
   void *p = sampled ? profile_malloc(heap, size) : heap_malloc_fill(heap, size);

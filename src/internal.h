@@ -100,6 +100,10 @@ void heap_slow_wait(th_heap_t *heap);
 void sweep_lock_all(unsigned level);
 void sweep_unlock_all(unsigned level, bool child);
 
+/* ---- free.c: the remote batch (free_remote_flush on slow paths and th_collect, free_remote_end at exit) */
+void free_remote_flush(void);
+void free_remote_end(void);
+
 /* ---- page.c */
 void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_idx);
 void page_forget(th_page_t *page);
@@ -110,6 +114,7 @@ void page_discard_free(th_page_t *page);
 bool page_try_set_full(th_page_t *page);
 void page_clear_delay(th_page_t *page);
 void page_push_remote_slow(th_page_t *page, th_block_t *block);
+void page_push_remote_chain(th_page_t *page, th_block_t *head, th_block_t *tail, size_t n);
 bool page_list_contains(const th_page_t *page, const th_block_t *block);
 void page_purge_free_blocks(th_page_t *page);
 uint8_t *page_area(const th_segment_t *seg, size_t index, size_t *size_out);
@@ -423,6 +428,20 @@ static inline void page_push_remote(th_page_t *page, th_block_t *block) {
       return;
   }
   page_push_remote_slow(page, block);
+}
+
+/* The same for a chain of n blocks one thread freed, head to tail (free.c's remote batch): one CAS for all. */
+static inline void page_push_remote_n(th_page_t *page, th_block_t *head, th_block_t *tail, size_t n) {
+  uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
+  uintptr_t state = tf & TH_TF_MASK;
+  if (th_likely(state == TH_TF_NORMAL || state == TH_TF_NOTIFIED)) {
+    tail->next = (th_block_t *)(tf & TH_TF_PTR_MASK);
+    uintptr_t pushed = ((tf & ~TH_TF_PTR_MASK) + ((uintptr_t)n << TH_TF_COUNT_SHIFT)) | (uintptr_t)head;
+    if (th_likely(atomic_compare_exchange_strong_explicit(&page->thread_free, &tf, pushed, memory_order_release,
+                                                          memory_order_relaxed)))
+      return;
+  }
+  page_push_remote_chain(page, head, tail, n);
 }
 
 /* A counter one thread writes (or one lock guards) and any thread reads: a relaxed load and store, no locked

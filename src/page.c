@@ -11,9 +11,9 @@ static inline void cpu_relax(void) { __builtin_ia32_pause(); }
 static inline th_block_t *tf_block(uintptr_t tf) { return (th_block_t *)(tf & TH_TF_PTR_MASK); }
 static inline uintptr_t tf_state(uintptr_t tf) { return tf & TH_TF_MASK; }
 static inline size_t tf_count(uintptr_t tf) { return (size_t)(tf >> TH_TF_COUNT_SHIFT); }
-/* The word for the stack of tf with block pushed on top, in state. */
-static inline uintptr_t tf_push(uintptr_t tf, th_block_t *block, uintptr_t state) {
-  return ((uintptr_t)(tf_count(tf) + 1) << TH_TF_COUNT_SHIFT) | (uintptr_t)block | state;
+/* The word for the stack of tf with a chain of n blocks from head pushed on top, in state. */
+static inline uintptr_t tf_push(uintptr_t tf, th_block_t *head, size_t n, uintptr_t state) {
+  return ((uintptr_t)(tf_count(tf) + n) << TH_TF_COUNT_SHIFT) | (uintptr_t)head | state;
 }
 /* The same stack in another state. */
 static inline uintptr_t tf_with_state(uintptr_t tf, uintptr_t state) { return (tf & ~TH_TF_MASK) | state; }
@@ -221,7 +221,10 @@ void page_clear_delay(th_page_t *page) {
 
 /* A free by a thread that does not own the page: one CAS. The first remote free into a page its owner parked
  * as full also puts the page on the owner heap's ready stack, so the owner finds it without scanning. */
-void page_push_remote_slow(th_page_t *page, th_block_t *block) {
+void page_push_remote_slow(th_page_t *page, th_block_t *block) { page_push_remote_chain(page, block, block, 1); }
+
+/* The same for n blocks freed by one thread, linked from head to tail (free.c's batch): one CAS for all. */
+void page_push_remote_chain(th_page_t *page, th_block_t *head, th_block_t *tail, size_t n) {
   uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
   for (;;) {
     uintptr_t state = tf_state(tf);
@@ -236,20 +239,20 @@ void page_push_remote_slow(th_page_t *page, th_block_t *block) {
         continue;
       /* While FREEING, the owner cannot abandon the heap (page_clear_delay waits), so heap stays valid. */
       th_heap_t *heap = atomic_load_explicit(&segment_of_page(page)->heap, memory_order_acquire);
-      th_page_t *head = atomic_load_explicit(&heap->ready, memory_order_relaxed);
+      th_page_t *top = atomic_load_explicit(&heap->ready, memory_order_relaxed);
       do {
-        page->ready_next = head;
-      } while (!atomic_compare_exchange_weak_explicit(&heap->ready, &head, page, memory_order_release,
+        page->ready_next = top;
+      } while (!atomic_compare_exchange_weak_explicit(&heap->ready, &top, page, memory_order_release,
                                                       memory_order_relaxed));
       tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
       do {
-        block->next = tf_block(tf);
-      } while (!atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, tf_push(tf, block, TH_TF_NOTIFIED),
+        tail->next = tf_block(tf);
+      } while (!atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, tf_push(tf, head, n, TH_TF_NOTIFIED),
                                                       memory_order_release, memory_order_relaxed));
       return;
     }
-    block->next = tf_block(tf);
-    if (atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, tf_push(tf, block, state),
+    tail->next = tf_block(tf);
+    if (atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, tf_push(tf, head, n, state),
                                               memory_order_release, memory_order_relaxed))
       return;
   }

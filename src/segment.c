@@ -400,6 +400,7 @@ static void heap_segment_move_back(th_heap_t *heap, th_segment_t *seg) {
 
 static void heap_segment_own(th_heap_t *heap, th_segment_t *seg) {
   if (heap->flags & TH_HEAP_SAMPLES) segment_set_sampled(seg, true);
+  atomic_store_explicit(&seg->remote_batch, !heap_is_explicit(heap), memory_order_relaxed);
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
   atomic_store_explicit(&seg->thread_id, heap->thread_id, memory_order_release);
   heap_segment_link_front(heap, seg);

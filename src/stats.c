@@ -94,6 +94,7 @@ void stats_peak_in_use(size_t in_use) {
 
 void th_stats_get(th_stats_t *out) {
   if (out == NULL) return;
+  free_remote_flush(); /* the caller's own frees count as freed (other threads' batches: free.c) */
   stats_flush_thread();
   size_t *dst = (size_t *)out;
   _Atomic(size_t) *src = (_Atomic(size_t) *)&th_stats_global;

@@ -146,6 +146,7 @@ void thread_flush_stats_at_exit(void) {
 
 static void thread_done(void *arg) {
   th_heap_t *heap = arg;
+  free_remote_end(); /* the frees it holds for other threads' pages, before its own pages are looked at */
   if (heap == &th_heap_empty) stats_flush_thread(); /* see thread_flush_stats_at_exit */
   if (heap == NULL || heap == &th_heap_empty) return;
   th_heap_tls = &th_heap_empty;
@@ -313,6 +314,7 @@ __attribute__((destructor)) static void library_done(void) {
 }
 
 void th_collect(void) {
+  free_remote_flush();
   th_heap_t *heap = th_heap_tls;
   if (heap != &th_heap_empty) heap_collect(heap);
   segment_cache_purge(true);

@@ -198,6 +198,10 @@ struct th_segment_s {
    * bytes): from p alone, so a free needs no subtraction, no shift back and no copy of p for it. The
    * segment is 4 MiB-aligned, so the bits the mask keeps are the page index. */
   uint8_t page_index_shift;
+  /* A thread heap's (set when a heap takes it): other threads' frees into it may wait in the freeing thread's
+   * batch (free.c), since no page of a thread heap is freed while a block of it is in use. Not an explicit
+   * heap's, which th_heap_destroy frees whole. Atomic: an adopting heap sets it while other threads free. */
+  _Atomic(uint8_t) remote_batch;
   uint32_t page_count;
   uint32_t used_pages;
   _Atomic(uintptr_t) thread_id;
