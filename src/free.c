@@ -17,117 +17,88 @@ static inline bool free_push_local(th_page_t *page, th_block_t *b) {
   return tick;
 }
 
-/* ---- the remote batch: a thread's frees into another thread heap's page, held and pushed as one chain.
- * A thread that frees what another allocated often frees runs of blocks of one page (a batch of buffers
- * handed over), and a CAS on the page's thread_free word per block made the two cores pass that word's
- * cache line back and forth for every free. The batch holds the frees into one page: the next free into
- * another page, the 64th into this one, the thread's next malloc slow path, th_collect, th_stats_get and
- * its exit push them with one CAS. Held blocks count as used, so their page cannot be freed meanwhile; a
- * thread that stops freeing holds at most 63 blocks of one page until it allocates, collects or exits.
- * A thread whose remote frees go to a new page each time (blocks of mixed sizes) gains nothing from holding
- * them: a batch that ends with one block switches the thread to pushing each free at once, and
- * REMOTE_BATCH_RUN frees in a row into one page switch it back. Only thread heaps' segments (seg->remote_batch): an explicit heap
- * may be destroyed as soon as the free returns. */
+/* ---- the remote batches: a thread's frees into other thread heaps' pages, held per page and pushed as one
+ * chain. A thread that frees what another allocated mostly frees blocks the other allocated one after the
+ * other, so they come back to the few pages that thread was carving from (one per size class), and a CAS
+ * on the page's thread_free word per block made the two cores pass that word's cache line back and forth
+ * for every free. The thread's heap holds TH_REMOTE_BATCHES batches, a slot per page (the page's index in
+ * its segment picks it); a batch is pushed with one CAS when a free into another page takes its slot, at
+ * its 64th block, at the thread's next malloc slow path, in th_collect and th_stats_get, and at its exit.
+ * Held blocks count as used: their page cannot be freed or reused meanwhile, so only small pages' blocks
+ * (up to 4 KiB, 64 KiB pages) are held, at most 63 per slot: a thread that stops freeing holds less than
+ * 2 MiB until it allocates, collects or exits. Only thread heaps' segments (seg->remote_batch): an explicit
+ * heap may be destroyed as soon as the free returns. A thread with no heap gets one at such a free (and
+ * so its exit hook); after its exit, its frees are pushed at once. */
 #define REMOTE_BATCH_MAX 64
-#define REMOTE_BATCH_RUN 4 /* frees in a row into one page, pushed at once, before the next ones are held */
-#define REMOTE_BATCH_OFF ((th_page_t *)1) /* after the thread's exit flush: push each free at once */
-typedef struct remote_batch_s {
-  th_page_t *page; /* the page of the blocks held; NULL when none, REMOTE_BATCH_OFF after the exit flush */
-  th_block_t *head, *tail;
-  size_t n;
-  th_page_t *last; /* with none held: the page of the last free, pushed at once */
-  size_t run;      /* and how many frees in a row before it went to that page */
-} remote_batch_t;
-static __thread remote_batch_t remote_batch __attribute__((tls_model("initial-exec")));
+
+static inline th_remote_batch_t *remote_batch_of(th_remote_batches_t *t, const th_page_t *page) {
+  return &t->slot[((uintptr_t)page / sizeof(th_page_t)) & (TH_REMOTE_BATCHES - 1)];
+}
+
+static void remote_batches_push(th_remote_batches_t *t) {
+  for (uint64_t held = t->held; held; held &= held - 1) {
+    th_remote_batch_t *s = &t->slot[__builtin_ctzll(held)];
+    page_push_remote_n(s->page, s->head, s->tail, s->n);
+    s->page = NULL;
+  }
+  t->held = 0;
+}
 
 void free_remote_flush(void) {
-  remote_batch_t *rb = &remote_batch;
-  if (rb->page == NULL || rb->page == REMOTE_BATCH_OFF) return;
-  page_push_remote_n(rb->page, rb->head, rb->tail, rb->n);
-  rb->last = rb->page;
-  rb->run = 0;
-  rb->page = NULL;
-  rb->n = 0;
+  th_heap_t *heap = th_heap_tls;
+  if (heap->remote_batches.held != 0) remote_batches_push(&heap->remote_batches); /* (never the empty heap's) */
 }
 
-void free_remote_end(void) {
-  free_remote_flush();
-  remote_batch.page = REMOTE_BATCH_OFF;
-}
-
-/* REMOTE_BATCH_RUN frees in a row into one page while none is held: b starts a batch (a thread with no heap
- * of its own gets its exit hook, which pushes what it holds). */
-TH_NOINLINE static void remote_batch_start(remote_batch_t *rb, th_page_t *page, th_block_t *b) {
-  thread_flush_stats_at_exit();
-  b->next = NULL;
-  rb->page = page;
-  rb->head = rb->tail = b;
-  rb->n = 1;
-}
-
-/* A batch of one block, and a free into another page: no run of frees, so back to pushing each at once. */
-TH_NOINLINE static void remote_batch_stop(remote_batch_t *rb, th_page_t *page, th_block_t *b) {
-  th_page_t *held = rb->page;
-  rb->page = NULL;
-  rb->n = 0;
-  rb->last = page;
-  rb->run = 0;
-  page_push_remote(held, rb->head);
+/* A free by a thread with no heap: one for it, unless it has exited; this free is pushed at once. */
+TH_COLD static void remote_batch_first(th_page_t *page, th_block_t *b) {
+  if (!thread_exited()) thread_heap_init(); /* NULL (no memory) leaves it pushing at once */
   page_push_remote(page, b);
 }
 
-/* A free that neither joins the batch nor is pushed at once by free_remote_push: into another page than
- * the batch's, into a full batch, or the end of a run with none held. A batch of several blocks is pushed
- * and b starts the next; a batch of one is pushed with b (remote_batch_stop). The push comes last, inline
- * with a tail call for its slow path, so that this saves no registers. */
-TH_NOINLINE static void remote_batch_next(remote_batch_t *rb, th_page_t *page, th_block_t *b) {
-  th_page_t *held = rb->page;
-  if (held == NULL) { /* the run is long enough (free_remote_push pushed the others) */
-    remote_batch_start(rb, page, b);
-    return;
-  }
-  if (th_unlikely(held == REMOTE_BATCH_OFF)) {
-    page_push_remote(page, b);
-    return;
-  }
-  th_block_t *head = rb->head, *tail = rb->tail;
-  size_t n = rb->n;
-  if (n == 1) {
-    remote_batch_stop(rb, page, b);
-    return;
-  }
+/* A free into a page whose slot holds another page's batch, a full one, or nothing: the batch held is
+ * pushed (last, inline with a tail call for its slow path, so that this saves no registers) and b starts
+ * the slot's next. */
+TH_NOINLINE static void remote_batch_next(th_remote_batches_t *t, th_remote_batch_t *s, th_page_t *page,
+                                          th_block_t *b) {
+  th_page_t *held = s->page;
+  th_block_t *head = s->head, *tail = s->tail;
+  size_t n = s->n;
   b->next = NULL;
-  rb->page = page;
-  rb->head = rb->tail = b;
-  rb->n = 1;
+  s->page = page;
+  s->head = s->tail = b;
+  s->n = 1;
+  if (held == NULL) {
+    t->held |= (uint64_t)1 << (s - t->slot);
+    return;
+  }
   page_push_remote_n(held, head, tail, n);
 }
 
 /* A free by a thread that does not own the segment (or of a serialized heap's block, or an abandoned one),
  * with th_free's segment lookup passed on: a block start of a live page (a free page slot or a huge block
- * has capacity 0 and fails page_is_block) that is not tagged free joins the batch, or is pushed with one CAS;
- * the rest go to free_slow, which checks everything. Kept out of th_free so the owner's path stays short. */
+ * has capacity 0 and fails page_is_block) that is not tagged free joins its page's batch, or is pushed with
+ * one CAS; the rest go to free_slow, which checks everything. Kept out of th_free so the owner's path stays
+ * short. */
 static inline void free_remote_push(th_segment_t *seg, th_block_t *b) {
   th_page_t *page = segment_page_of(seg, b);
   if (th_likely(page_is_block(page, b) && b->tag != free_tag(b))) {
     b->tag = free_tag(b);
     block_poison(b, page->block_size);
     if (th_likely(atomic_load_explicit(&seg->remote_batch, memory_order_relaxed))) {
-      remote_batch_t *rb = &remote_batch;
-      th_page_t *held = rb->page;
-      if (held == page && th_likely(rb->n < REMOTE_BATCH_MAX)) { /* one more of the run */
-        b->next = rb->head;
-        rb->head = b;
-        rb->n++;
+      th_heap_t *heap = th_heap_tls;
+      if (th_likely(heap != &th_heap_empty)) {
+        th_remote_batches_t *t = &heap->remote_batches;
+        th_remote_batch_t *s = remote_batch_of(t, page);
+        if (th_likely(s->page == page && s->n < REMOTE_BATCH_MAX)) { /* one more for the page */
+          b->next = s->head;
+          s->head = b;
+          s->n++;
+          return;
+        }
+        remote_batch_next(t, s, page, b);
         return;
       }
-      if (held == NULL && (rb->last != page || ++rb->run < REMOTE_BATCH_RUN)) { /* no run yet: at once */
-        if (rb->last != page) rb->run = 0;
-        rb->last = page;
-        page_push_remote(page, b);
-        return;
-      }
-      remote_batch_next(rb, page, b);
+      remote_batch_first(page, b);
       return;
     }
     page_push_remote(page, b);

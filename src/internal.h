@@ -100,9 +100,8 @@ void heap_slow_wait(th_heap_t *heap);
 void sweep_lock_all(unsigned level);
 void sweep_unlock_all(unsigned level, bool child);
 
-/* ---- free.c: the remote batch (free_remote_flush on slow paths and th_collect, free_remote_end at exit) */
+/* ---- free.c: the remote batches, pushed on slow paths, by th_collect and th_stats_get, and at thread exit */
 void free_remote_flush(void);
-void free_remote_end(void);
 
 /* ---- page.c */
 void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_idx);

@@ -400,7 +400,8 @@ static void heap_segment_move_back(th_heap_t *heap, th_segment_t *seg) {
 
 static void heap_segment_own(th_heap_t *heap, th_segment_t *seg) {
   if (heap->flags & TH_HEAP_SAMPLES) segment_set_sampled(seg, true);
-  atomic_store_explicit(&seg->remote_batch, !heap_is_explicit(heap), memory_order_relaxed);
+  atomic_store_explicit(&seg->remote_batch, !heap_is_explicit(heap) && seg->kind == TH_KIND_SMALL,
+                        memory_order_relaxed);
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
   atomic_store_explicit(&seg->thread_id, heap->thread_id, memory_order_release);
   heap_segment_link_front(heap, seg);
@@ -502,6 +503,9 @@ void segment_release_unused(th_heap_t *heap) {
 /* ---- abandon and adopt */
 
 void segment_abandon(th_segment_t *seg) {
+  /* No owner collects its remote frees until a heap adopts it, and a page held back from emptying makes
+   * the adopter carve elsewhere: frees into it are pushed at once (free.c), until heap_segment_own. */
+  atomic_store_explicit(&seg->remote_batch, 0, memory_order_relaxed);
   atomic_store_explicit(&seg->thread_id, 0, memory_order_release);
   atomic_store_explicit(&seg->heap, NULL, memory_order_release);
   seg->prev = NULL;

@@ -146,7 +146,7 @@ void thread_flush_stats_at_exit(void) {
 
 static void thread_done(void *arg) {
   th_heap_t *heap = arg;
-  free_remote_end(); /* the frees it holds for other threads' pages, before its own pages are looked at */
+  free_remote_flush(); /* the frees it holds for other threads' pages, before its own pages are looked at */
   if (heap == &th_heap_empty) stats_flush_thread(); /* see thread_flush_stats_at_exit */
   if (heap == NULL || heap == &th_heap_empty) return;
   th_heap_tls = &th_heap_empty;

@@ -83,6 +83,19 @@ typedef enum th_delay_e {
 
 typedef struct th_heap_s th_heap_t;
 typedef struct th_segment_s th_segment_t;
+
+/* A thread's frees into one page of another thread heap, held to be pushed as one chain (free.c): head to
+ * tail, n blocks; page NULL when the slot holds none. A slot per page index modulo TH_REMOTE_BATCHES. */
+#define TH_REMOTE_BATCHES 32
+typedef struct th_remote_batch_s {
+  struct th_page_s *page;
+  th_block_t *head, *tail;
+  size_t n;
+} th_remote_batch_t;
+typedef struct th_remote_batches_s {
+  uint64_t held; /* bit i: slot[i] holds blocks */
+  th_remote_batch_t slot[TH_REMOTE_BATCHES];
+} th_remote_batches_t;
 typedef struct th_sampler_s th_sampler_t; /* profile.c: a thread heap's sampling state */
 typedef struct th_secure_heap_s th_secure_heap_t; /* secure.c: a secure heap's quarantine */
 struct profile_stack_s;
@@ -198,9 +211,11 @@ struct th_segment_s {
    * bytes): from p alone, so a free needs no subtraction, no shift back and no copy of p for it. The
    * segment is 4 MiB-aligned, so the bits the mask keeps are the page index. */
   uint8_t page_index_shift;
-  /* A thread heap's (set when a heap takes it): other threads' frees into it may wait in the freeing thread's
-   * batch (free.c), since no page of a thread heap is freed while a block of it is in use. Not an explicit
-   * heap's, which th_heap_destroy frees whole. Atomic: an adopting heap sets it while other threads free. */
+  /* A live thread heap's small pages (set when a heap takes the segment, cleared when it is abandoned):
+   * other threads' frees into it may wait in the freeing thread's batches (free.c), since no page of a
+   * thread heap is freed while a block of it is in use. Not an explicit heap's, which th_heap_destroy frees
+   * whole, nor medium or large pages' (a few held blocks would hold megabytes). Atomic: an adopting heap
+   * sets it while other threads free. */
   _Atomic(uint8_t) remote_batch;
   uint32_t page_count;
   uint32_t used_pages;
@@ -316,6 +331,8 @@ struct th_heap_s {
   /* Secure mode: the heap's quarantine (secure.c), from heap_init to the heap's end; NULL for a heap made
    * with secure mode off. */
   th_secure_heap_t *secure;
+  /* A thread heap's: the thread's frees into other thread heaps' small pages, held per page (free.c). */
+  th_remote_batches_t remote_batches;
   /* Last, and kept across heap_init: readers may read them while the struct is reused. flow is zeroed when
    * folded (attribution_fold). */
   th_heap_flow_t flow;

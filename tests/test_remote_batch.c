@@ -1,11 +1,11 @@
-/* test_remote_batch.c: frees by one thread into another thread's pages are held in a batch and pushed
- * as one chain (free.c); none may be lost or held past the points that push them.
+/* test_remote_batch.c: frees by one thread into another thread's pages are held in batches, one per page,
+ * and pushed as one chain each (free.c); none may be lost or held past the points that push them.
  *
  * The main thread allocates blocks of two sizes and fills each with a pattern; a second thread checks
  * every pattern and frees them all (remote frees). The main thread's in_use (th_stats_get), which counts
  * a block as held until it is pushed onto its page's remote stack, must then be back where it was before
  * the blocks were allocated, once the second thread has
- *   - exited, having never allocated (a thread with no heap of its own still pushes at exit);
+ *   - exited, having never allocated (it gets a heap at its first such free, and with it the exit hook);
  *   - called th_collect, and still lives;
  *   - made its first allocation (the malloc slow path pushes), and still lives.
  * An explicit heap's blocks are never held: its owner may destroy it as soon as the frees return, so its
@@ -22,7 +22,7 @@
 #include "threadheap.h"
 
 #define NBLOCKS 300
-static const size_t sizes[2] = {48, 720}; /* 150 of 720 B fill two pages: the batch moves from page to page */
+static const size_t sizes[2] = {48, 720}; /* 150 of 720 B fill two pages */
 
 typedef enum { PUSH_AT_EXIT, PUSH_BY_COLLECT, PUSH_BY_MALLOC, EXPLICIT } mode_t_;
 
@@ -34,8 +34,8 @@ typedef struct {
   void *own; /* PUSH_BY_MALLOC: the second thread's own block */
 } shared_t;
 
-/* The first half of the blocks of one size, the rest of the other: runs of frees into one page, which the
- * batch holds (a free into a new page each time is pushed at once). */
+/* The first half of the blocks of one size, the rest of the other, so that batches both fill up (64 blocks)
+ * and end when the frees move to another page. */
 static size_t block_size(int i) { return sizes[i >= NBLOCKS / 2]; }
 static unsigned char pattern(int i, size_t k) { return (unsigned char)(i * 37u + k * 11u + 5u); }
 
@@ -119,7 +119,7 @@ int main(void) {
   pthread_t t;
   CHECK(pthread_create(&t, NULL, nothing, NULL) == 0);
   CHECK(pthread_join(t, NULL) == 0);
-  run(PUSH_AT_EXIT, "pushed at exit by a thread with no heap");
+  run(PUSH_AT_EXIT, "pushed at exit by a thread that never allocated");
   run(PUSH_BY_COLLECT, "pushed by th_collect");
   run(PUSH_BY_MALLOC, "pushed by the first malloc");
   run(EXPLICIT, "an explicit heap's blocks");
