@@ -116,7 +116,7 @@ static void heap_unpark(th_heap_t *heap, th_page_t *page) {
 
 /* Pages that other threads freed into while they sat in the full queue go back to their class queue.
  * Called before any page is parked as full or retired, so that no page is on ready twice or after it is
- * freed (see page_push_remote_slow). */
+ * freed (see page_push_remote_chain). */
 void heap_collect_ready(th_heap_t *heap) {
   if (atomic_load_explicit(&heap->ready, memory_order_relaxed) == NULL) return;
   th_page_t *page = atomic_exchange_explicit(&heap->ready, NULL, memory_order_acquire);

@@ -112,7 +112,6 @@ bool page_is_empty(const th_page_t *page);
 void page_discard_free(th_page_t *page);
 bool page_try_set_full(th_page_t *page);
 void page_clear_delay(th_page_t *page);
-void page_push_remote_slow(th_page_t *page, th_block_t *block);
 void page_push_remote_chain(th_page_t *page, th_block_t *head, th_block_t *tail, size_t n);
 bool page_list_contains(const th_page_t *page, const th_block_t *block);
 void page_purge_free_blocks(th_page_t *page);
@@ -414,22 +413,9 @@ static inline th_page_t *segment_page_of(th_segment_t *seg, const void *p) {
   return (th_page_t *)((uint8_t *)seg->pages + (((uintptr_t)p >> seg->page_index_shift) & seg->page_index_mask));
 }
 
-/* A free by a thread that does not own the page: one CAS when the page is not parked as full (state NORMAL
- * or NOTIFIED); page_push_remote_slow handles the rest and retries. */
-static inline void page_push_remote(th_page_t *page, th_block_t *block) {
-  uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
-  uintptr_t state = tf & TH_TF_MASK;
-  if (th_likely(state == TH_TF_NORMAL || state == TH_TF_NOTIFIED)) {
-    block->next = (th_block_t *)(tf & TH_TF_PTR_MASK);
-    uintptr_t pushed = ((tf & ~TH_TF_PTR_MASK) + ((uintptr_t)1 << TH_TF_COUNT_SHIFT)) | (uintptr_t)block;
-    if (th_likely(atomic_compare_exchange_strong_explicit(&page->thread_free, &tf, pushed, memory_order_release,
-                                                          memory_order_relaxed)))
-      return;
-  }
-  page_push_remote_slow(page, block);
-}
-
-/* The same for a chain of n blocks one thread freed, head to tail (free.c's remote batch): one CAS for all. */
+/* Remote frees into a page: a chain of n blocks one thread freed, head to tail (one block, or free.c's
+ * remote batch), pushed with one CAS when the page is not parked as full (state NORMAL or NOTIFIED);
+ * page_push_remote_chain handles the rest and retries. */
 static inline void page_push_remote_n(th_page_t *page, th_block_t *head, th_block_t *tail, size_t n) {
   uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
   uintptr_t state = tf & TH_TF_MASK;
@@ -442,6 +428,9 @@ static inline void page_push_remote_n(th_page_t *page, th_block_t *head, th_bloc
   }
   page_push_remote_chain(page, head, tail, n);
 }
+
+/* A free by a thread that does not own the page. */
+static inline void page_push_remote(th_page_t *page, th_block_t *block) { page_push_remote_n(page, block, block, 1); }
 
 /* A counter one thread writes (or one lock guards) and any thread reads: a relaxed load and store, no locked
  * instruction. */

@@ -1,6 +1,6 @@
 /* page.c: a page of one size class: set-up (page_init), carving (page_extend), and its three free lists,
  * including the lock-free thread_free stack that other threads push onto (page_push_remote in internal.h is
- * the one-CAS push; page_push_remote_slow here, the rest). */
+ * the one-CAS push; page_push_remote_chain here, the rest). */
 #include <string.h>
 
 #include "internal.h"
@@ -219,11 +219,9 @@ void page_clear_delay(th_page_t *page) {
   }
 }
 
-/* A free by a thread that does not own the page: one CAS. The first remote free into a page its owner parked
- * as full also puts the page on the owner heap's ready stack, so the owner finds it without scanning. */
-void page_push_remote_slow(th_page_t *page, th_block_t *block) { page_push_remote_chain(page, block, block, 1); }
-
-/* The same for n blocks freed by one thread, linked from head to tail (free.c's batch): one CAS for all. */
+/* Remote frees into a page, n blocks freed by one thread and linked from head to tail, where
+ * page_push_remote_n's one CAS did not do: the first remote free into a page its owner parked as full also
+ * puts the page on the owner heap's ready stack, so the owner finds it without scanning. */
 void page_push_remote_chain(th_page_t *page, th_block_t *head, th_block_t *tail, size_t n) {
   uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
   for (;;) {

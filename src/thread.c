@@ -14,7 +14,7 @@ uintptr_t th_key;
 static pthread_key_t heap_key;
 static _Atomic(int) init_state; /* 0: not started, 1: running, 2: done */
 
-/* Heap structs are never unmapped: a remote free may still be reading one (see page_push_remote_slow). Unused
+/* Heap structs are never unmapped: a remote free may still be reading one (see page_push_remote_chain). Unused
  * ones wait in a pool for the next thread: heaps_pool under heaps_lock, and heaps_returned, a stack that
  * thread_struct_free pushes on without a lock (so that a thread exiting during a fork does not wait) and that
  * the next locked thread_struct_alloc takes whole. */
