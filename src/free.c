@@ -7,14 +7,18 @@
 
 /* A free by the owner: pushed on the page's free list, so the next malloc of the class gets it back while it
  * is still in cache (LIFO, like a per-thread cache), instead of a block freed long ago (docs/design.md, "Free
- * lists and remote frees", has the measurements). Tagged free and counted; no lock, no atomic. */
+ * lists and remote frees", has the measurements). Tagged free and counted; no lock, no atomic.
+ * Pushed first, counted last: a sweeper (sweep.c) that sees the page empty sees the push done too (x86-64
+ * keeps stores in order; the compiler barrier keeps the compiler from moving them), so it may give the
+ * page's segment away. Only the carry's path reads the segment after the count, and a page it may leave
+ * empty reads used_word == 0, which keeps its segment with the heap (heap_sweep). */
 static inline bool free_push_local(th_page_t *page, th_block_t *b) {
-  bool tick = page_count_free(page);
   b->tag = free_tag(b);
   b->next = page->free;
   page->free = b;
   block_poison(b, page->block_size);
-  return tick;
+  atomic_signal_fence(memory_order_seq_cst);
+  return page_count_free(page);
 }
 
 /* ---- the remote batches: a thread's frees into other thread heaps' pages, held per page and pushed as one
@@ -189,10 +193,13 @@ TH_NOINLINE void free_checked(void *p) {
     huge_free(seg, p, TH_OP_FREE);
   } else if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id()) {
     th_heap_t *heap = atomic_load_explicit(&seg->heap, memory_order_relaxed);
-    /* A carry is always taken, as on the fast path: it holds 4,096 frees for the counts, and the heap
+    /* Inside the heap's slow path: no sweeper frees the page while this reads it after the count.
+     * A carry is always taken, as on the fast path: it holds 4,096 frees for the counts, and the heap
      * profiler's bound on what the fast paths serve (heap_free_tick also unparks a full page). */
+    heap_slow_enter(heap);
     if (free_push_local(page, b)) heap_free_tick(heap, page);
     else if (page_used(page) == 0) heap_free_local(heap, page);
+    heap_slow_exit(heap);
   } else {
     b->tag = free_tag(b);
     block_poison(b, page->block_size);

@@ -276,26 +276,31 @@ void heap_purge(th_heap_t *heap, bool force) {
   }
 }
 
-/* A sweeper's pass over an idle thread heap, which sweep.c holds: its owner is in none of its slow paths.
- * The owner's fast paths run on, and they touch only the first page of each class (malloc) and pages where
- * the owner frees a block it holds: an empty page has none. So the empty pages after the first of their
- * class go back to their segments, as the owner's own purge round would free them. No segment is released:
- * that could hand it to another thread while the owner still writes the last free into one of its pages
- * (a free counts first, then pushes); a segment left with no page in use stays with the heap, and the
- * owner's next purge round releases it. Then every free slot is purged: the owner has not been in a slow
- * path for the delay, and will carve no page before it is. */
+/* A sweeper's pass over a thread heap, which sweep.c holds: its owner is in none of its slow paths. The
+ * owner's fast paths run on, and they touch only the first page of each class (malloc) and pages where the
+ * owner frees a block it holds: an empty page has none. So the empty pages after the first of their class
+ * go back to their segments, as the owner's own purge round would free them, and every free slot is purged
+ * (the owner carves no page before its next slow path). Then the segments left with no page in use leave
+ * the heap, for any thread to use: a free pushes before it counts (free_push_local), so the page of the
+ * owner's last live block is empty only once the free is done with it, but for a free whose count carried:
+ * it reads the segment on its way to heap_free_tick. Such a page reads used_word == 0 (no block used, the
+ * free count just wrapped), and while the sweep freed one, its segments stay with the heap until the owner's
+ * next purge round or its exit (segment_release_unused). */
 void heap_sweep(th_heap_t *heap, uint64_t now) {
+  bool carried = false;
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
     th_page_t *first = heap->queues[c].first;
     if (first == NULL) continue;
     for (th_page_t *page = first->next, *next; page; page = next) {
       next = page->next;
       if (!page_is_empty(page)) continue;
+      if (__atomic_load_n(&page->used_word, __ATOMIC_RELAXED) == 0) carried = true;
       page_free_empty_as(heap, page, true);
       heap->sweep_kept = true;
     }
   }
   heap_purge_slots(heap, now, 0);
+  if (!carried) heap_release_swept(heap);
 }
 
 /* Full pages revisited, pages emptied by remote frees freed: what a capped heap does before failing (and

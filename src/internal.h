@@ -96,6 +96,7 @@ void heap_sweep(th_heap_t *heap, uint64_t now);
 
 /* ---- sweep.c */
 void sweep_idle_heaps(th_heap_t *self, uint64_t now);
+bool sweep_all_heaps(th_heap_t *self);
 void heap_slow_wait(th_heap_t *heap);
 void sweep_lock_all(unsigned level);
 void sweep_unlock_all(unsigned level, bool child);

@@ -230,6 +230,10 @@ th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure) {
       segment_cache_purge(true); /* address space short (RLIMIT_AS): cached segments go first */
       seg = os_map_aligned(size, TH_SEGMENT_SIZE);
     }
+    if (seg == NULL && sweep_all_heaps(th_heap_tls)) { /* then what other threads' heaps hold empty */
+      segment_cache_purge(true);
+      seg = os_map_aligned(size, TH_SEGMENT_SIZE);
+    }
     if (seg == NULL) return NULL;
     fresh = true;
     if (th_options.huge_pages) os_advise_huge(seg, size);

@@ -30,20 +30,22 @@ static bool heap_is_idle(const th_heap_t *heap, uint64_t now, uint64_t delay) {
 
 /* A live thread heap in the default mode, not profiled, idle, and not swept within the delay. Read before
  * the heap is held (owner fields, read racily: only a hint), and again once it is. */
-static bool sweepable(const th_heap_t *h, uint64_t now, uint64_t delay) {
+static bool sweepable(const th_heap_t *h, uint64_t now, uint64_t delay, bool any) {
   return h != &th_heap_empty && __atomic_load_n(&h->thread_id, __ATOMIC_RELAXED) != 0 &&
          !(__atomic_load_n(&h->flags, __ATOMIC_RELAXED) & TH_HEAP_EXPLICIT) &&
          __atomic_load_n(&h->secure, __ATOMIC_RELAXED) == NULL &&
-         __atomic_load_n(&h->sampler, __ATOMIC_RELAXED) == NULL && heap_is_idle(h, now, delay) &&
-         now >= h->swept_ms + delay;
+         __atomic_load_n(&h->sampler, __ATOMIC_RELAXED) == NULL &&
+         (any || (heap_is_idle(h, now, delay) && now >= h->swept_ms + delay));
 }
 
-static bool sweep_heap(th_heap_t *h, uint64_t now, uint64_t delay) {
+/* any: idle or not (sweep_all_heaps). */
+static bool sweep_heap(th_heap_t *h, uint64_t now, uint64_t delay, bool any) {
   atomic_store_explicit(&h->sweeping, 1, memory_order_relaxed);
   bool fenced = os_fence_all_threads();
   if (!fenced) atomic_store_explicit(&sweep_off, true, memory_order_relaxed);
   /* Acquire: the owner left its last slow path with a release store, so its changes are seen here. */
-  bool held = fenced && atomic_load_explicit(&h->in_slow, memory_order_acquire) == 0 && sweepable(h, now, delay);
+  bool held = fenced && atomic_load_explicit(&h->in_slow, memory_order_acquire) == 0 &&
+              sweepable(h, now, delay, any);
   if (held) {
     h->swept_ms = now;
     heap_sweep(h, now);
@@ -62,13 +64,28 @@ void sweep_idle_heaps(th_heap_t *self, uint64_t now) {
   if (!th_trylock(&sweep_lock)) return;
   size_t swept = 0;
   for (th_heap_t *h = thread_heaps_all(); h && swept < SWEEP_HEAPS_MAX; h = h->all_next)
-    if (h != self && sweepable(h, now, delay) && sweep_heap(h, now, delay)) swept++;
+    if (h != self && sweepable(h, now, delay, false) && sweep_heap(h, now, delay, false)) swept++;
   th_unlock(&sweep_lock);
+}
+
+/* The OS refused a map (an address-space limit): every other thread heap is swept at once, idle or not, so
+ * that the segments their threads emptied go back to the cache, which the caller then empties before it
+ * tries again. Memory a thread freed thus serves the others without waiting for its next slow path or for
+ * the purge delay. False when nothing was swept (another sweep under way, or none possible). */
+bool sweep_all_heaps(th_heap_t *self) {
+  if (atomic_load_explicit(&sweep_off, memory_order_relaxed) || !th_trylock(&sweep_lock)) return false;
+  uint64_t now = os_now_ms(), delay = (uint64_t)th_options.purge_delay;
+  size_t swept = 0;
+  for (th_heap_t *h = thread_heaps_all(); h; h = h->all_next)
+    if (h != self && sweepable(h, now, delay, true) && sweep_heap(h, now, delay, true)) swept++;
+  th_unlock(&sweep_lock);
+  return swept != 0;
 }
 #else
 /* ThreadSanitizer cannot see the barrier that orders the owner's side, and would report the sweep's
  * accesses: its builds do not sweep. */
 void sweep_idle_heaps(th_heap_t *self, uint64_t now) { (void)self, (void)now; }
+bool sweep_all_heaps(th_heap_t *self) { return (void)self, false; }
 #endif
 
 /* heap_slow_enter found a sweeper holding the heap: the owner steps back out and waits for it, then enters
