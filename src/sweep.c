@@ -8,8 +8,10 @@
  * (os_fence_all_threads), and goes on only when the owner is in none of its slow paths (in_slow == 0): an
  * owner that enters one meanwhile sees sweeping and waits (heap_slow_enter, heap_slow_wait), since one of
  * the two always sees the other's store. The owner's fast paths run on; heap_sweep frees only pages they do
- * not touch. One sweeper at a time (sweep_lock, never waited for), a few heaps a round, each heap at most
- * once a delay. docs/design.md, "Sweeping idle heaps", has the argument and the measurements. */
+ * not touch, and gives back the segments they leave with no page in use. One sweeper at a time (sweep_lock,
+ * never waited for), a few heaps a round, each heap at most once a delay; but a thread the OS refuses a
+ * map sweeps every heap at once (sweep_all_heaps). docs/design.md, "Sweeping idle heaps", has the argument
+ * and the measurements. */
 #include "internal.h"
 #include "os.h"
 
@@ -28,8 +30,8 @@ static bool heap_is_idle(const th_heap_t *heap, uint64_t now, uint64_t delay) {
   return next != 0 && now >= next + delay;
 }
 
-/* A live thread heap in the default mode, not profiled, idle, and not swept within the delay. Read before
- * the heap is held (owner fields, read racily: only a hint), and again once it is. */
+/* A live thread heap in the default mode, not profiled, and (unless any) idle and not swept within the
+ * delay. Read before the heap is held (owner fields, read racily: only a hint), and again once it is. */
 static bool sweepable(const th_heap_t *h, uint64_t now, uint64_t delay, bool any) {
   return h != &th_heap_empty && __atomic_load_n(&h->thread_id, __ATOMIC_RELAXED) != 0 &&
          !(__atomic_load_n(&h->flags, __ATOMIC_RELAXED) & TH_HEAP_EXPLICIT) &&
@@ -38,7 +40,6 @@ static bool sweepable(const th_heap_t *h, uint64_t now, uint64_t delay, bool any
          (any || (heap_is_idle(h, now, delay) && now >= h->swept_ms + delay));
 }
 
-/* any: idle or not (sweep_all_heaps). */
 static bool sweep_heap(th_heap_t *h, uint64_t now, uint64_t delay, bool any) {
   atomic_store_explicit(&h->sweeping, 1, memory_order_relaxed);
   bool fenced = os_fence_all_threads();
