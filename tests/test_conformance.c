@@ -8,7 +8,8 @@
  *   - realloc: NULL, 0, growing and shrinking across the size ranges with contents kept, failure keeps the block;
  *   - free, and realloc(p, 0), keep errno; malloc(0) and realloc(NULL, 0) are unique;
  *   - a low RLIMIT_AS: malloc returns NULL (no crash), and works again once memory is freed (in a child),
- *     also with four threads running out at once;
+ *     also with four threads running out at once, which together get at least half as many blocks as the
+ *     main thread freed just before;
  *   - mallopt, malloc_info; with threadheap also malloc_trim, mallinfo/mallinfo2 (and their saturation),
  *     malloc_stats, and malloc_usable_size/realloc of a pointer threadheap never returned. */
 #define _GNU_SOURCE
