@@ -8,8 +8,8 @@
  *   - realloc: NULL, 0, growing and shrinking across the size ranges with contents kept, failure keeps the block;
  *   - free, and realloc(p, 0), keep errno; malloc(0) and realloc(NULL, 0) are unique;
  *   - a low RLIMIT_AS: malloc returns NULL (no crash), and works again once memory is freed (in a child),
- *     also with four threads running out at once, which together get at least half as many blocks as the
- *     main thread freed just before;
+ *     also with four threads running out at once, which with threadheap together get at least half as many
+ *     blocks as the main thread freed just before;
  *   - mallopt, malloc_info; with threadheap also malloc_trim, mallinfo/mallinfo2 (and their saturation),
  *     malloc_stats, and malloc_usable_size/realloc of a pointer threadheap never returned. */
 #define _GNU_SOURCE
@@ -452,10 +452,11 @@ static int rlimit_child(size_t size, size_t other) {
     }
     total += (size_t)(intptr_t)r;
   }
-  /* The main thread's freed memory serves them: at least half as many blocks as it had (glibc's threads
-   * share its main arena; threadheap's thread that runs out sweeps the other heaps, sweep.c, which needs
-   * the kernel's membarrier). */
-  if (total * 2 < got && membarrier_works()) {
+  /* With threadheap, the main thread's freed memory serves them: at least half as many blocks as it had (a
+   * thread that runs out sweeps the other heaps, sweep.c, which needs the kernel's membarrier). Not asked
+   * of glibc, whose threads may each map an arena of their own out of the same space: on a loaded machine
+   * they got 30,000 to 50,000 blocks of 1,000 bytes where its main thread had 112,282. */
+  if (with_threadheap && total * 2 < got && membarrier_works()) {
     fprintf(stderr, "size %zu: the main thread had %zu blocks, the four threads after it %zu\n", size, got, total);
     return 72;
   }
