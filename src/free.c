@@ -78,6 +78,32 @@ TH_NOINLINE static void remote_batch_next(th_remote_batches_t *t, th_remote_batc
   page_push_remote_n(held, head, tail, n);
 }
 
+/* A block of seg's page, tagged free by a thread that does not own the segment, on its way to the owner:
+ * it joins its page's batch, or is pushed with one CAS. */
+static inline void free_remote_hold(th_segment_t *seg, th_page_t *page, th_block_t *b) {
+  if (th_likely(atomic_load_explicit(&seg->remote_batch, memory_order_relaxed))) {
+    th_heap_t *heap = th_heap_tls;
+    if (th_likely(heap != &th_heap_empty)) {
+      th_remote_batches_t *t = &heap->remote_batches;
+      th_remote_batch_t *s = remote_batch_of(t, page);
+      if (th_likely(s->page == page && s->n < REMOTE_BATCH_MAX)) { /* one more for the page */
+        b->next = s->head;
+        s->head = b;
+        s->n++;
+        return;
+      }
+      remote_batch_next(t, s, page, b);
+      return;
+    }
+    remote_batch_first(page, b);
+    return;
+  }
+  page_push_remote(page, b);
+}
+
+/* The same for secure mode's remote frees (secure.c), which check and tag the block themselves. */
+void free_remote_send(th_segment_t *seg, th_page_t *page, th_block_t *b) { free_remote_hold(seg, page, b); }
+
 /* A free by a thread that does not own the segment (or of a serialized heap's block, or an abandoned one),
  * with th_free's segment lookup passed on: a block start of a live page (a free page slot or a huge block
  * has capacity 0 and fails page_is_block) that is not tagged free joins its page's batch, or is pushed with
@@ -88,24 +114,7 @@ static inline void free_remote_push(th_segment_t *seg, th_block_t *b) {
   if (th_likely(page_is_block(page, b) && b->tag != free_tag(b))) {
     b->tag = free_tag(b);
     block_poison(b, page->block_size);
-    if (th_likely(atomic_load_explicit(&seg->remote_batch, memory_order_relaxed))) {
-      th_heap_t *heap = th_heap_tls;
-      if (th_likely(heap != &th_heap_empty)) {
-        th_remote_batches_t *t = &heap->remote_batches;
-        th_remote_batch_t *s = remote_batch_of(t, page);
-        if (th_likely(s->page == page && s->n < REMOTE_BATCH_MAX)) { /* one more for the page */
-          b->next = s->head;
-          s->head = b;
-          s->n++;
-          return;
-        }
-        remote_batch_next(t, s, page, b);
-        return;
-      }
-      remote_batch_first(page, b);
-      return;
-    }
-    page_push_remote(page, b);
+    free_remote_hold(seg, page, b);
     return;
   }
   free_slow(b);
@@ -144,8 +153,9 @@ TH_NOINLINE TH_HOT static void free_remote(th_segment_t *seg, th_block_t *b) {
 TH_API TH_HOT void th_free(void *p) {
   vg_free(p); /* explicit heaps under valgrind (TH_VALGRIND); nothing otherwise */
   uintptr_t region = (uintptr_t)p >> TH_SEGMENT_SHIFT;
-  if (th_likely(region < TH_MAP_ENTRIES &&
-                atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) == 1)) {
+  uint8_t entry =
+      th_likely(region < TH_MAP_ENTRIES) ? atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) : 0;
+  if (th_likely(entry == 1)) {
     /* p masked, which runs beside the map's load: every load below waits for the segment, and the region
      * shifted back (no bounds test, two instructions fewer) made the pair slower (docs/design.md). */
     th_segment_t *seg = (th_segment_t *)((uintptr_t)p & ~(TH_SEGMENT_SIZE - 1));
@@ -162,6 +172,9 @@ TH_API TH_HOT void th_free(void *p) {
         heap_free_tick(atomic_load_explicit(&seg->heap, memory_order_relaxed), page);
       return;
     }
+  } else if (entry == TH_MAP_SLOW) { /* a secure segment's block (or a sampled one): apart from the checks */
+    secure_free_fast(p);
+    return;
   }
   free_slow(p);
 }
@@ -170,8 +183,8 @@ TH_API TH_HOT void th_free(void *p) {
 TH_API void free(void *p) __attribute__((alias("th_free")));
 #endif
 
-/* Every free th_free does not do: secure segments' blocks go to secure.c first (their frees all come here),
- * the rest to the checks. Two tail calls: the secure path saves no registers here. */
+/* Every free th_free does not do: secure segments' blocks go to secure.c first (th_free sends those there
+ * itself), the rest to the checks. Two tail calls: the secure path saves no registers here. */
 TH_NOINLINE void free_slow(void *p) {
   uintptr_t region = (uintptr_t)p >> TH_SEGMENT_SHIFT;
   if (region < TH_MAP_ENTRIES && atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) == TH_MAP_SLOW)

@@ -103,6 +103,8 @@ void sweep_unlock_all(unsigned level, bool child);
 
 /* ---- free.c: the remote batches, pushed on slow paths, by th_collect and th_stats_get, and at thread exit */
 void free_remote_flush(void);
+/* A block of seg's page, checked and tagged free by a thread that does not own seg: held or pushed. */
+void free_remote_send(th_segment_t *seg, th_page_t *page, th_block_t *b);
 
 /* ---- page.c */
 void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_idx);
@@ -240,10 +242,10 @@ void secure_start(void); /* the library constructor, once the options are read *
 void secure_heap_attach(th_heap_t *heap); /* a heap made in secure mode: its quarantine */
 void *secure_malloc(th_heap_t *heap, size_t size); /* heap_malloc_slow on a secure heap */
 void *secure_malloc_fill(th_heap_t *heap, size_t size); /* heap_malloc_fill on a secure heap */
-/* free_slow's first call, for a pointer in a TH_MAP_SLOW segment's first region: freed there, or passed on
- * to free_checked. */
+/* th_free's (and free_slow's) call for a pointer in a TH_MAP_SLOW segment's first region: freed there, or
+ * passed on to free_checked. */
 void secure_free_fast(void *p);
-void secure_free(th_segment_t *seg, th_page_t *page, th_block_t *b, const void *p); /* free_slow: p in block b */
+void secure_free(th_segment_t *seg, th_page_t *page, th_block_t *b, const void *p); /* free_checked: p in block b */
 /* th_realloc of a secure block: checked; true when resized in place (within its size class). */
 bool secure_realloc(th_segment_t *seg, th_page_t *page, void *p, size_t size);
 size_t secure_usable_size(const th_page_t *page, const void *p);

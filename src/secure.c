@@ -6,11 +6,11 @@
  *
  * The fast paths are left as they are, not one instruction added (docs/design.md, "Secure mode"): a secure
  * heap's direct tables always name th_page_empty, and its pages keep free and local_free empty (their free
- * blocks wait on secure_free), so heap_malloc and heap_malloc_queue both fall through to heap_malloc_slow,
- * whose first test sends a secure heap here (secure_malloc); and a secure segment's map entry is
- * TH_MAP_SLOW, not 1, so th_free sends every free to free_slow, whose first test sends it here
- * (secure_free_fast). Both serve the common case themselves and leave the rest to the generic slow paths,
- * which call back into secure_malloc_fill and secure_free.
+ * blocks wait on secure_free), so heap_malloc falls through to heap_malloc_queue, whose first test sends a
+ * secure heap here (secure_malloc); and a secure segment's map entry is TH_MAP_SLOW, not 1, so th_free's
+ * fast path fails its first test and its next sends the free here (secure_free_fast). Both serve the common
+ * case themselves and leave the rest to the generic slow paths, which call back into secure_malloc_fill and
+ * secure_free.
  *
  * A block of a heap page is laid out as [the size asked for][canary][4-byte trailer], the trailer being
  * the size asked for XOR a secret of the block, its most significant byte first: that byte is the secret's
@@ -306,24 +306,60 @@ void secure_carve(th_page_t *page, uint8_t *first, size_t n) {
   }
 }
 
-/* ---- the quarantine: per heap and class, the last DELAY blocks freed into the heap, oldest out first.
- * The owner's frees enter at once; remote frees (another thread's, and every free into a serialized heap)
- * when the owner collects them: page_collect hands them over (secure_collect), they wait on `incoming`,
- * still counted used by their pages, and enter at the next safe point (secure_malloc_fill, heap_purge),
- * where a block leaving the quarantine may unpark its page (not while heap_find_page walks a queue). */
+/* ---- the quarantine: per heap and class, the blocks freed into the heap lately, each held back until
+ * DELAY more of its class came after it (DELAY_LARGE for large classes).
+ * The owner's frees enter one by one, into the class's ring of blocks: the oldest leaves, back to its page,
+ * when a new one takes its slot.
+ * Remote frees (another thread's, and every free into a serialized heap) wait on their page's remote stack
+ * until the owner collects it (page_collect, secure_collect), then enter whole, as the chain the freeing
+ * threads linked, with no block read: its page, its top and its length, on the class's ring of chains,
+ * still counted used by their page. A chain with DELAY blocks of its class's chains behind it has served
+ * its time: malloc hands its blocks out straight from it (chain_out), each checked as list_pop checks a
+ * page's (its link, plain here, names a block of the page, or is NULL exactly at the chain's end; its tag
+ * still says free). A remote free thus costs the owner one read of the block, when malloc hands it out, as
+ * in the default mode: walking each stack when it was collected read every block another core had just
+ * written, a cache miss each, and took two thirds of xmalloc-test's time in secure mode.
+ * Chains collected while heap_find_page walks a queue wait in `pending`, and enter at the next safe point
+ * (secure_malloc_fill, heap_purge): a chain that enters a full ring sends the oldest back to its page block
+ * by block, and a block leaving the quarantine may unpark or free its page. */
+
+/* Remote frees into one page, linked by the threads that freed them. */
+typedef struct chain_s {
+  th_page_t *page;  /* every block's page */
+  th_block_t *head; /* the next block to hand out */
+  uint32_t n;       /* blocks left: the last one's link is NULL */
+  uint32_t stamp;   /* its class's frees (ring_frees) once it had entered */
+} chain_t;
+
+/* Chains a class's ring holds: more than DELAY, so that a full ring's oldest chain has served its time. */
+#define CHAINS 64
+_Static_assert(CHAINS > DELAY && (CHAINS & (CHAINS - 1)) == 0, "a ring of chains outlasts the delay");
 
 typedef struct ring_s {
   th_block_t *slot[DELAY];
-  uint32_t pushed; /* blocks that entered, ever: the oldest slot, next to be reused, is pushed & mask */
-  uint32_t mask;   /* slots - 1 */
-  uint32_t seen;   /* pushed at the heap's last purge round */
-  uint32_t quiet;  /* purge rounds since a block last entered */
+  uint32_t pushed;  /* blocks that entered the slots, ever: the oldest, next to be reused, is pushed & mask */
+  uint32_t mask;    /* slots - 1: the delay, less one */
+  uint32_t seen;    /* frees at the heap's last purge round */
+  uint32_t quiet;   /* purge rounds since a block last entered */
+  chain_t *chain;   /* its chains (th_secure_heap_t.chains), the oldest at first % CHAINS */
+  uint32_t first, count;
+  uint32_t chained; /* blocks that entered in chains, ever */
 } ring_t;
+
+/* The frees of the ring's class that entered the quarantine, ever (modulo 2^32). */
+static inline uint32_t ring_frees(const ring_t *r) { return r->pushed + r->chained; }
+
+#define PENDING_MAX 256 /* chains collected between two safe points; past them, blocks wait on incoming */
 
 struct th_secure_heap_s {
   ring_t ring[TH_CLASS_COUNT];
-  th_block_t *incoming; /* remote frees collected, linked plainly, waiting to enter */
+  chain_t pending[PENDING_MAX]; /* chains collected, waiting to enter */
+  size_t npending;
+  th_block_t *incoming; /* remote frees collected with pending full: checked, linked plainly, waiting */
   bool on;              /* false: blocks go back to their pages at once */
+  /* Last, and not cleared when a heap takes the struct (only the entries a ring counts are read): the
+   * memory of a class's chains is touched once the class receives remote frees. */
+  chain_t chains[TH_CLASS_COUNT][CHAINS];
 };
 
 /* For a heap whose quarantine could not be mapped. Never written. */
@@ -366,11 +402,73 @@ static inline void quarantine(th_heap_t *heap, th_secure_heap_t *q, size_t c, th
   if (oldest) release(heap, oldest);
 }
 
+/* The chain's next block, checked: its link must name another block of the page, or be NULL at the chain's
+ * last block; its tag must still say free. Returned with its link NULL, still tagged free. */
+static inline th_block_t *chain_take(chain_t *ch) {
+  th_page_t *page = ch->page;
+  th_block_t *b = ch->head;
+  block_unpoison(b, page->block_size);
+  th_block_t *next = b->next;
+  if (th_unlikely(next == NULL ? ch->n != 1 : ch->n == 1 || !page_is_block(page, next))) report_corrupted(page, b);
+  if (th_unlikely(b->tag != free_tag(b))) report_write_after_free(page, b);
+  b->next = NULL;
+  ch->head = next;
+  ch->n--;
+  return b;
+}
+
+/* Every block of a chain, taken off its ring, back to its page. */
+static void chain_release(th_heap_t *heap, chain_t ch) {
+  while (ch.n) release(heap, chain_take(&ch));
+}
+
+/* Has the class's oldest chain served its time? */
+static inline bool chain_ready(const ring_t *r) {
+  return r->count != 0 && ring_frees(r) - r->chain[r->first & (CHAINS - 1)].stamp > r->mask;
+}
+
+/* The oldest chain off the ring. */
+static chain_t chain_shift(ring_t *r) {
+  chain_t ch = r->chain[r->first & (CHAINS - 1)];
+  r->first++;
+  r->count--;
+  return ch;
+}
+
+/* A chain onto its class's ring. A full ring's oldest chain has served its time (each chain after it brought
+ * a block at least, this one too) and goes back to its page first: taken off before its blocks leave, so
+ * that a purge the leaving blocks start finds the ring whole. */
+static void chain_enter(th_heap_t *heap, chain_t ch) {
+  ring_t *r = &heap->secure->ring[ch.page->class_idx];
+  chain_t old = {0};
+  if (r->count == CHAINS) old = chain_shift(r);
+  r->chained += ch.n;
+  ch.stamp = ring_frees(r);
+  r->chain[(r->first + r->count) & (CHAINS - 1)] = ch;
+  r->count++;
+  if (old.n) chain_release(heap, old);
+}
+
+/* Chains that have served their time, past the oldest, go back to their pages: malloc hands out from the
+ * oldest, and more would hold pages' worth of blocks in a class the thread may never allocate again (a
+ * main thread whose workers free what it once allocated held 64 chains of such a class for good). */
+static void ring_trim(th_heap_t *heap, ring_t *r) {
+  while (r->count >= 2 && ring_frees(r) - r->chain[(r->first + 1) & (CHAINS - 1)].stamp > r->mask)
+    chain_release(heap, chain_shift(r));
+}
+
 /* The remote frees collected so far enter the quarantine. */
 static void incoming_enter(th_heap_t *heap) {
   th_secure_heap_t *q = heap->secure;
+  if (!q->on) return; /* (no_quarantine is never written) */
+  /* One at a time: a block leaving the quarantine may start a purge, which collects more. */
+  while (q->npending) {
+    chain_t ch = q->pending[--q->npending];
+    chain_enter(heap, ch);
+    ring_trim(heap, &q->ring[ch.page->class_idx]);
+  }
   th_block_t *b = q->incoming;
-  q->incoming = NULL; /* a block leaving the quarantine may start a purge, which collects more */
+  q->incoming = NULL;
   while (b) {
     th_block_t *next = b->next;
     b->next = NULL;
@@ -389,6 +487,24 @@ static void collect_remote(th_heap_t *heap, size_t c) {
   incoming_enter(heap);
 }
 
+/* Remote frees of class c enter the quarantine, page by page from the front of its queue, until the class's
+ * oldest chain has served its time: a chain a page, and collecting every page at once (hundreds, where
+ * threads free what this one allocates) would send most chains back to their pages block by block
+ * (ring_trim). The chain of each page enters at once, and no block leaves while the queue is walked: while
+ * the oldest has not served its time the ring is not full (a full ring's oldest has CHAINS - 1 blocks or
+ * more behind it), and the trim waits for the walk's end. */
+static void collect_class(th_heap_t *heap, size_t c) {
+  heap_collect_ready(heap);
+  incoming_enter(heap);
+  th_secure_heap_t *q = heap->secure;
+  ring_t *r = &q->ring[c];
+  for (th_page_t *page = heap->queues[c].first; page && !chain_ready(r); page = page->next) {
+    page_collect(page);
+    if (q->npending) chain_enter(heap, q->pending[--q->npending]);
+  }
+  ring_trim(heap, r);
+}
+
 /* Every block of the ring back to its page. */
 static void ring_flush(th_heap_t *heap, ring_t *r) {
   for (uint32_t i = 0; i <= r->mask; i++) {
@@ -396,6 +512,7 @@ static void ring_flush(th_heap_t *heap, ring_t *r) {
     r->slot[i] = NULL;
     if (b) release(heap, b);
   }
+  while (r->count) chain_release(heap, chain_shift(r));
 }
 
 /* Rounds of heap_purge (at least a quarter of the purge delay apart) with no free of a class, after which
@@ -411,8 +528,8 @@ void secure_purge(th_heap_t *heap) {
   if (!q->on) return;
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
     ring_t *r = &q->ring[c];
-    if (r->pushed != r->seen) {
-      r->seen = r->pushed;
+    if (ring_frees(r) != r->seen) {
+      r->seen = ring_frees(r);
       r->quiet = 0;
     } else if (++r->quiet == QUIET_ROUNDS) {
       ring_flush(heap, r);
@@ -420,12 +537,19 @@ void secure_purge(th_heap_t *heap) {
   }
 }
 
-/* The remote stack, taken whole by page_collect: each block must be one of the page, tagged free by the
- * thread that freed it (which checked its canary, and zeroed it with zero-on-free). n: the stack's length.
- * Returns how many blocks the page now counts free: 0 when they wait to enter the quarantine. */
+/* The remote stack, taken whole by page_collect (n blocks from head): into the quarantine as a chain, no
+ * block read; checked block by block when it leaves (chain_take). With no room for it in pending, or no
+ * quarantine, it is checked now: each block must be one of the page, tagged free by the thread that freed
+ * it (which checked its canary, and zeroed it with zero-on-free), and it waits on incoming or goes back to
+ * the page at once. Returns how many blocks the page now counts free: 0 when they wait in the quarantine. */
 size_t secure_collect(th_page_t *page, th_block_t *head, size_t n) {
   th_heap_t *heap = atomic_load_explicit(&segment_of_page(page)->heap, memory_order_relaxed);
   th_secure_heap_t *q = heap->secure;
+  if (q->on && q->npending < PENDING_MAX) {
+    q->pending[q->npending++] = (chain_t){page, head, (uint32_t)n, 0};
+    stats_add_remote(n);
+    return 0;
+  }
   th_block_t *prev = head;
   size_t k = 0;
   for (th_block_t *b = head, *next; b; prev = b, b = next, k++) {
@@ -449,21 +573,27 @@ void secure_heap_attach(th_heap_t *heap) {
     heap->secure_spare = os_map_aligned(align_up(sizeof(th_secure_heap_t), os_page_size()), os_page_size());
   th_secure_heap_t *q = heap->secure_spare;
   if (q == NULL) return; /* out of memory: no quarantine, the other checks stay */
-  memset(q, 0, sizeof *q);
-  for (size_t c = 1; c < TH_CLASS_COUNT; c++)
+  memset(q, 0, offsetof(th_secure_heap_t, chains));
+  for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
     q->ring[c].mask = (class_kind(c) == TH_KIND_LARGE ? DELAY_LARGE : DELAY) - 1;
+    q->ring[c].chain = q->chains[c];
+  }
   q->on = true;
   heap->secure = q;
 }
 
 /* Everything the quarantine holds goes back to its pages, with the remote frees collected on the way (a
- * block leaving may unpark a page, whose remote frees then arrive): until both are empty. */
+ * block leaving may unpark a page, whose remote frees then arrive): until all is empty. */
 void secure_flush(th_heap_t *heap) {
   th_secure_heap_t *q = heap->secure;
   if (!q->on) return;
   heap_collect_ready(heap);
   for (;;) {
     for (size_t c = 1; c < TH_CLASS_COUNT; c++) ring_flush(heap, &q->ring[c]);
+    if (q->npending) {
+      chain_release(heap, q->pending[--q->npending]);
+      continue;
+    }
     th_block_t *b = q->incoming;
     if (b == NULL) return;
     q->incoming = NULL;
@@ -487,40 +617,76 @@ static inline void *block_out(th_page_t *page, size_t size, bool zero) {
 /* With zero-on-free: apart, so that the common path makes no call and saves no registers. */
 TH_NOINLINE static void *block_out_zero(th_page_t *page, size_t size) { return block_out(page, size, true); }
 
-/* heap_malloc_slow on a secure heap: the first page of the class has a free block (the common case), or
- * the generic slow path runs (purge clock, sampling, a page to find), and comes back to secure_malloc_fill. */
-void *secure_malloc(th_heap_t *heap, size_t size) {
-  if (th_likely(size <= TH_LARGE_MAX - TRAILER) && th_likely(!th_profile_on)) {
-    th_page_t *page = heap->queues[size_class(size + TRAILER)].first;
-    if (th_likely(page != NULL && page->secure_free != NULL)) {
-      if (th_unlikely(zero_on_free())) return block_out_zero(page, size);
-      return block_out(page, size, false);
-    }
+/* A block of the class's oldest chain, which has served its time, handed out for size bytes: checked, and
+ * counted as a free collected (its page's count of blocks in use never moved). */
+static inline void *chain_out(th_heap_t *heap, ring_t *r, size_t c, size_t size, bool zero) {
+  chain_t *ch = &r->chain[r->first & (CHAINS - 1)];
+  th_page_t *page = ch->page;
+  th_block_t *b = chain_take(ch);
+  if (zero) check_zero(page, b);
+  b->tag = 0;
+  if (ch->n == 0) r->first++, r->count--;
+  heap_count_frees(heap, c, 1);
+  block_mark(page, (uint8_t *)b, size);
+  return b;
+}
+
+/* With zero-on-free: apart, so that the common path makes no call and saves no registers. */
+TH_NOINLINE static void *chain_out_zero(th_heap_t *heap, ring_t *r, size_t c, size_t size) {
+  return chain_out(heap, r, c, size, true);
+}
+
+/* secure_malloc's first page of class c had no free block: the class's oldest chain of remote frees, once
+ * it has served its time, or the generic slow path. Apart, so that the common path saves no registers. */
+TH_NOINLINE static void *secure_malloc_chain(th_heap_t *heap, size_t size, size_t c) {
+  ring_t *r = &heap->secure->ring[c];
+  if (chain_ready(r)) {
+    if (th_unlikely(zero_on_free())) return chain_out_zero(heap, r, c, size);
+    return chain_out(heap, r, c, size, false);
   }
   return heap_malloc_refill(heap, size);
 }
 
-/* heap_malloc_fill on a secure heap: remote frees enter the quarantine, then a page with a free block. */
+/* heap_malloc_slow on a secure heap: the first page of the class has a free block (the common case), or
+ * the oldest chain of remote frees of the class has served its time; else the generic slow path runs
+ * (purge clock, sampling, a page to find), and comes back to secure_malloc_fill. */
+void *secure_malloc(th_heap_t *heap, size_t size) {
+  if (th_likely(size <= TH_LARGE_MAX - TRAILER) && th_likely(!th_profile_on)) {
+    size_t c = size_class(size + TRAILER);
+    th_page_t *page = heap->queues[c].first;
+    if (th_likely(page != NULL && page->secure_free != NULL)) {
+      if (th_unlikely(zero_on_free())) return block_out_zero(page, size);
+      return block_out(page, size, false);
+    }
+    return secure_malloc_chain(heap, size, c);
+  }
+  return heap_malloc_refill(heap, size);
+}
+
+/* heap_malloc_fill on a secure heap: remote frees collected enter the quarantine, then a chain that has
+ * served its time, or a page with a free block. */
 void *secure_malloc_fill(th_heap_t *heap, size_t size) {
   if (size > TH_LARGE_MAX - TRAILER) return heap_malloc_huge(heap, size); /* huge_alloc guards it */
   size_t c = size_class(size + TRAILER);
   th_page_t *page;
   do { /* a page whose remote frees arrived while it was being parked has none on secure_free: again */
-    collect_remote(heap, c);
+    collect_class(heap, c);
+    ring_t *r = &heap->secure->ring[c];
+    if (chain_ready(r)) return chain_out(heap, r, c, size, zero_on_free());
     page = heap_page_with_free(heap, c);
     if (page == NULL) return NULL;
   } while (page->secure_free == NULL);
   return block_out(page, size, zero_on_free());
 }
 
-/* A remote free waits on the page's remote stack until the owner collects it into its quarantine. Apart,
- * so that the owner's path keeps its registers. */
-TH_NOINLINE static void free_remote_push(th_page_t *page, th_block_t *b) {
+/* A remote free waits in this thread's batch for its page, or on the page's remote stack, until the owner
+ * collects it into its quarantine (free.c's path). Apart, so that the owner's path keeps its registers. */
+TH_NOINLINE static void free_remote_push(th_segment_t *seg, th_page_t *page, th_block_t *b) {
   free_poison(b, page->block_size);
-  page_push_remote(page, b);
+  free_remote_send(seg, page, b);
 }
 
-/* A block of a heap page, checked by free_slow or secure_free_fast (a live block start): p the pointer the
+/* A block of a heap page, checked by free_checked or secure_free_fast (a live block start): p the pointer the
  * program holds. Checked, and held back: in the owner heap's quarantine, or on the page's remote stack
  * until its owner collects it into its own. */
 static inline void free_block(th_segment_t *seg, th_page_t *page, th_block_t *b, const void *p, bool zero) {
@@ -529,7 +695,7 @@ static inline void free_block(th_segment_t *seg, th_page_t *page, th_block_t *b,
   if (zero) block_zero(b, bsize);
   b->tag = free_tag(b);
   if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) != thread_id()) {
-    free_remote_push(page, b);
+    free_remote_push(seg, page, b);
     return;
   }
   th_heap_t *heap = atomic_load_explicit(&seg->heap, memory_order_relaxed);
@@ -543,7 +709,7 @@ TH_NOINLINE static void free_block_zero(th_segment_t *seg, th_page_t *page, th_b
   free_block(seg, page, b, p, true);
 }
 
-/* free_slow's first test found p's region to be a TH_MAP_SLOW segment's first. A block start of a secure
+/* th_free (or free_slow) found p's region to be a TH_MAP_SLOW segment's first. A block start of a secure
  * heap page, not tagged free, is freed here; everything else (huge and aligned blocks, sampled ones, tagged
  * or invalid pointers) takes the generic path, which checks and reports. */
 void secure_free_fast(void *p) {

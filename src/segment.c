@@ -47,7 +47,7 @@ void segment_map_range(size_t *lo, size_t *hi) {
 }
 
 /* The segment's first map entry: TH_MAP_SLOW for a segment of sampled blocks or a secure one, so that
- * th_free sends their frees to free_slow. */
+ * th_free sends their frees to secure_free_fast (which passes sampled blocks on to the checks). */
 static void segment_map_mark(const th_segment_t *seg) {
   atomic_store_explicit(&th_segment_map[(uintptr_t)seg >> TH_SEGMENT_SHIFT],
                         seg->is_sampled || seg->is_secure ? TH_MAP_SLOW : 1, memory_order_release);

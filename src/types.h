@@ -40,8 +40,8 @@
 #define TH_CLASS_COUNT 61 /* classes 1..60; class 60 is exactly TH_LARGE_MAX */
 #define TH_ADDRESS_BITS 47
 /* Address map entries (segment.c): 0 not ours; k in 1..253: the segment starts k-1 regions back; 255: look
- * again 253 regions back; TH_MAP_SLOW: a segment starts here whose every free takes free_slow (th_free's
- * test for 1 fails): a segment of sampled blocks (profile.c) or a secure-mode segment (secure.c). */
+ * again 253 regions back; TH_MAP_SLOW: a segment starts here whose every free takes secure_free_fast
+ * (th_free's test for 1 fails): a segment of sampled blocks (profile.c) or a secure-mode segment (secure.c). */
 #define TH_MAP_SLOW 254
 #define TH_MAP_BACK_MAX 253
 #define TH_MAP_ENTRIES ((size_t)1 << (TH_ADDRESS_BITS - TH_SEGMENT_SHIFT))
@@ -230,7 +230,7 @@ struct th_segment_s {
   struct profile_stack_s *sample_stack;
   uint64_t sample_bytes, sample_count;
   /* owned by the profiler's sample heap: its map entry is TH_MAP_SLOW, so every free of its blocks takes
-   * free_slow, which finds the block's sample (profile.c) */
+   * the checked path (free_checked), which finds the block's sample (profile.c) */
   uint8_t is_sampled;
   /* Made in secure mode (secure.c): its map entry is TH_MAP_SLOW; the header ends with a guard page, and so
    * do medium and large pages (page_area leaves them out); its pages keep their free blocks on secure_free.

@@ -8,7 +8,8 @@
  *   threadheap: heap overflow past block at <p> (its size record overwritten too; usable size at most <n>)
  *   threadheap: free of invalid pointer <p> (not allocated by threadheap)  a free into a guard page
  *   threadheap: write after free at <p> (size <n>)                          when the block is handed out again
- *   threadheap: corrupted free list in page <start> at <p> (size <block>)   when the block is popped */
+ *   threadheap: corrupted free list in page <start> at <p> (size <block>)   when the block is popped
+ * (blocks freed by other threads: when the chain they wait in hands them out). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -246,13 +247,28 @@ static void push_out(th_heap_t *h, size_t n) {
   for (int i = 0; i < DELAY; i++) th_free(q[i]);
 }
 
+/* A block another thread freed waits on its page's remote stack, then in the quarantine in the chain its
+ * owner collected (src/secure.c), and is checked when the chain hands it out: the owner allocates until it
+ * has collected the chain, frees DELAY blocks so that the chain has served its time, and allocates until
+ * the chain's block is popped. */
+static void pop_remote(th_heap_t *h, size_t n) {
+  for (int i = 0; i < 3000; i++) heap_block(h, n);
+  push_out(h, n);
+  for (int i = 0; i < 3000; i++) heap_block(h, n);
+  fprintf(stderr, "the block freed by another thread was never handed out again\n");
+}
+
 /* offset: where the program writes in the freed block (8: the tag word, seen in every mode; 40: seen with
- * zero-on-free). */
-static void c_write_after_free(int offset, int b) {
-  (void)b;
+ * zero-on-free). remote: freed by another thread. */
+static void c_write_after_free(int offset, int remote) {
   th_heap_t *h = must_heap();
   unsigned char *p = heap_block(h, 48);
   check_expect("threadheap: write after free at %p (size 48)\n", (void *)p);
+  if (remote) {
+    run_on_thread(free_on_thread, p);
+    p[offset] ^= 1;
+    pop_remote(h, 48);
+  }
   th_free(p);
   p[offset] ^= 1; /* a change, whatever the byte was (the tag word's bytes are random) */
   push_out(h, 48);
@@ -260,12 +276,20 @@ static void c_write_after_free(int offset, int b) {
   fprintf(stderr, "malloc returned %p\n", q);
 }
 
+/* A link rewritten: to a global on a page's list (encoded there); to another block of the page, in use,
+ * in a chain of one block freed by another thread (plain there: the chain's length gives it away). */
 static int a_global;
-static void c_forged_link(int a, int b) {
-  (void)a, (void)b;
+static void c_forged_link(int remote, int b) {
+  (void)b;
   th_heap_t *h = must_heap();
   unsigned char *p = heap_block(h, 48);
   check_expect(" at %p (size 64)\n", (void *)p); /* 48 + 4 bytes of trailer: the 64-byte class */
+  if (remote) {
+    unsigned char *q = heap_block(h, 48);
+    run_on_thread(free_on_thread, p);
+    *(void **)p = q;
+    pop_remote(h, 48);
+  }
   th_free(p);
   push_out(h, 48);
   *(void **)p = &a_global;
@@ -448,7 +472,11 @@ int main(void) {
   fault("write past the end of a large page", c_guard_page, 300000, 0);
   stop("write after free into the tag word", c_write_after_free, 8, 0, NULL);
   if (g_mode == 2) stop("write after free past the list words (zero-on-free)", c_write_after_free, 40, 0, NULL);
+  stop("write after free into the tag word, freed by another thread", c_write_after_free, 8, 1, NULL);
+  if (g_mode == 2)
+    stop("write after free past the list words, freed by another thread", c_write_after_free, 40, 1, NULL);
   stop("forged free-list link", c_forged_link, 0, 0, "threadheap: corrupted free list in page 0x");
+  stop("forged link of a block freed by another thread", c_forged_link, 1, 0, "threadheap: corrupted free list in page 0x");
   stop("free into the guard page of a page slot not in use", c_free_guard, 0, 0, NULL);
   stop("free into the guard page of a page in use", c_free_guard, 1, 0, NULL);
   stop("free into the guard page after a segment's metadata", c_free_guard, 2, 0, NULL);
