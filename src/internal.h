@@ -240,7 +240,7 @@ void profile_huge_free(th_segment_t *seg);
 /* ---- secure.c: secure mode (THREADHEAP_SECURE): every malloc and free of a secure heap takes a slow path */
 void secure_start(void); /* the library constructor, once the options are read */
 void secure_heap_attach(th_heap_t *heap); /* a heap made in secure mode: its quarantine */
-void *secure_malloc(th_heap_t *heap, size_t size); /* heap_malloc_slow on a secure heap */
+void *secure_malloc(th_heap_t *heap, size_t size); /* heap_malloc_queue (and heap_malloc_slow) on a secure heap */
 void *secure_malloc_fill(th_heap_t *heap, size_t size); /* heap_malloc_fill on a secure heap */
 /* th_free's (and free_slow's) call for a pointer in a TH_MAP_SLOW segment's first region: freed there, or
  * passed on to free_checked. */

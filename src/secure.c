@@ -647,9 +647,9 @@ TH_NOINLINE static void *secure_malloc_chain(th_heap_t *heap, size_t size, size_
   return heap_malloc_refill(heap, size);
 }
 
-/* heap_malloc_slow on a secure heap: the first page of the class has a free block (the common case), or
- * the oldest chain of remote frees of the class has served its time; else the generic slow path runs
- * (purge clock, sampling, a page to find), and comes back to secure_malloc_fill. */
+/* heap_malloc_queue (and heap_malloc_slow) on a secure heap: the first page of the class has a free block
+ * (the common case), or the oldest chain of remote frees of the class has served its time; else the generic
+ * slow path runs (purge clock, sampling, a page to find), and comes back to secure_malloc_fill. */
 void *secure_malloc(th_heap_t *heap, size_t size) {
   if (th_likely(size <= TH_LARGE_MAX - TRAILER) && th_likely(!th_profile_on)) {
     size_t c = size_class(size + TRAILER);
