@@ -99,6 +99,8 @@ size_t os_read_file(const char *path, char *buf, size_t cap);
 bool os_build_id(uintptr_t addr, char out[81]);
 /* handler runs on SIGUSR2, installed only if the program has none: false otherwise. */
 bool os_on_sigusr2(void (*handler)(int));
+/* fn runs with every signal blocked in the calling thread (async-signal-safe). */
+void os_without_signals(void (*fn)(void));
 void os_sleep_ms(unsigned ms);
 
 #endif

@@ -429,6 +429,14 @@ size_t os_read_file(const char *path, char *buf, size_t cap) {
   return n;
 }
 
+void os_without_signals(void (*fn)(void)) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  fn();
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 bool os_on_sigusr2(void (*handler)(int)) {
   struct sigaction old;
   if (sigaction(SIGUSR2, NULL, &old) != 0) return false;

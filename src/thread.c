@@ -198,8 +198,11 @@ void thread_struct_free(th_heap_t *heap) {
  * serialized heap must wait for them. Holding the list lock before them puts threadheap's locks after stdio's,
  * where glibc's own malloc takes its arena locks: a thread inside stdio that waits for a threadheap lock then
  * holds nothing the forking thread still needs. The lock is recursive (glibc's fork takes it again); the
- * parent releases it once more, and the child resets it, as glibc does for its own. Where libc has no such
- * lock (the weak references are null), only the ordinary paths are safe. */
+ * parent releases it once more, and the child resets it, as glibc does for its own. It is recursive only
+ * once its owner is set, though: taken, its word is locked first and its owner written after; released,
+ * the owner is cleared before the word. A signal handler that forked in between waited for its own thread
+ * for good (test_fork_signal hung in 1 of 24 runs on a loaded machine), so both run with every signal
+ * blocked. Where libc has no such lock (the weak references are null), only the ordinary paths are safe. */
 
 extern void _IO_list_lock(void) __attribute__((weak));
 extern void _IO_list_unlock(void) __attribute__((weak));
@@ -250,7 +253,7 @@ static void fork_prepare(void) {
     fork_depth++;
     return;
   }
-  if (stdio_list_lock_known()) _IO_list_lock();
+  if (stdio_list_lock_known()) os_without_signals(_IO_list_lock);
   unsigned level = ++fork_level;
   atomic_fetch_add_explicit(&fork_pending, 1, memory_order_acq_rel);
   thread_lock_for_fork(&heaps_lock, level);
@@ -272,7 +275,7 @@ static void fork_parent(void) {
   explicit_unlock_all(level, false);
   thread_unlock_after_fork(&heaps_lock, level, false);
   atomic_fetch_sub_explicit(&fork_pending, 1, memory_order_acq_rel);
-  if (stdio_list_lock_known()) _IO_list_unlock();
+  if (stdio_list_lock_known()) os_without_signals(_IO_list_unlock);
 }
 
 static void fork_child(void) {
