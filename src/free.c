@@ -107,7 +107,7 @@ void free_remote_send(th_segment_t *seg, th_page_t *page, th_block_t *b) { free_
 /* A free by a thread that does not own the segment (or of a serialized heap's block, or an abandoned one),
  * with th_free's segment lookup passed on: a block start of a live page (a free page slot or a huge block
  * has capacity 0 and fails page_is_block) that is not tagged free joins its page's batch, or is pushed with
- * one CAS; the rest go to free_slow, which checks everything. Kept out of th_free so the owner's path stays
+ * one CAS; the rest go to free_checked, which checks everything. Kept out of th_free so the owner's path stays
  * short. */
 static inline void free_remote_push(th_segment_t *seg, th_block_t *b) {
   th_page_t *page = segment_page_of(seg, b);
@@ -117,12 +117,12 @@ static inline void free_remote_push(th_segment_t *seg, th_block_t *b) {
     free_remote_hold(seg, page, b);
     return;
   }
-  free_slow(b);
+  free_checked(b);
 }
 
 /* The remote free when pairs are counted (THREADHEAP_REMOTE_PAIRS): one more free to the same owner as the
  * last one, or a new pair (pairs.c), then the same push. A block that is not a live block start goes on to
- * free_slow uncounted. */
+ * free_checked uncounted. */
 TH_COLD static void free_remote_count_pair(th_segment_t *seg, th_block_t *b) {
   th_page_t *page = segment_page_of(seg, b);
   if (page_is_block(page, b) && b->tag != free_tag(b)) {
@@ -176,23 +176,15 @@ TH_API TH_HOT void th_free(void *p) {
     secure_free_fast(p);
     return;
   }
-  free_slow(p);
+  free_checked(p);
 }
 #ifdef TH_OVERRIDE
 /* The standard name is the same function, not a call to it. */
 TH_API void free(void *p) __attribute__((alias("th_free")));
 #endif
 
-/* Every free th_free does not do: secure segments' blocks go to secure.c first (th_free sends those there
- * itself), the rest to the checks. Two tail calls: the secure path saves no registers here. */
-TH_NOINLINE void free_slow(void *p) {
-  uintptr_t region = (uintptr_t)p >> TH_SEGMENT_SHIFT;
-  if (region < TH_MAP_ENTRIES && atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) == TH_MAP_SLOW)
-    secure_free_fast(p);
-  else
-    free_checked(p);
-}
-
+/* Every free th_free does not do (a pointer it cannot take as an owner's or another thread's block start,
+ * or one whose checks failed): the checks, then the free. */
 TH_NOINLINE void free_checked(void *p) {
   if (p == NULL) return;
   int saved_errno = errno; /* free never changes errno, even when it unmaps */

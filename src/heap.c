@@ -437,15 +437,10 @@ TH_HOT void *heap_malloc_queue(th_heap_t *heap, size_t size) {
   return heap_malloc_slow(heap, size);
 }
 
-/* The first page of the class has no free block (or there is none), or the block is huge. A secure heap
- * has a malloc of its own (secure.c), which comes back to heap_malloc_refill when it needs the rest. */
+/* The first page of the class has no free block (or there is none), or the block is huge: a heap for the
+ * thread, the purge clock, sampling, then a page with a free block. A secure heap has a malloc of its own
+ * (secure.c, which heap_malloc_queue calls first), which comes back here when it needs the rest. */
 TH_NOINLINE void *heap_malloc_slow(th_heap_t *heap, size_t size) {
-  if (th_unlikely(heap->secure != NULL)) return secure_malloc(heap, size);
-  return heap_malloc_refill(heap, size);
-}
-
-/* The slow path proper: a heap for the thread, the purge clock, sampling, then a page with a free block. */
-TH_NOINLINE void *heap_malloc_refill(th_heap_t *heap, size_t size) {
   if (th_unlikely(heap == &th_heap_empty)) {
     if (thread_exited()) return thread_late_malloc(size);
     heap = thread_heap_init();

@@ -45,8 +45,7 @@
 /* ---- free.c */
 typedef enum th_op_e { TH_OP_FREE, TH_OP_REALLOC, TH_OP_USABLE_SIZE } th_op_t;
 typedef enum th_misuse_e { TH_MISUSE_FREED, TH_MISUSE_INVALID, TH_MISUSE_INTERIOR } th_misuse_t;
-void free_slow(void *p);
-void free_checked(void *p); /* free_slow's checks, then the free */
+void free_checked(void *p); /* every free th_free does not do: the checks, then the free */
 /* The block that p points to, checked: stops the process on an invalid, interior or freed pointer. */
 th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, th_page_t **page_out);
 size_t free_usable_size(const th_page_t *page, const void *p);
@@ -75,7 +74,6 @@ extern th_heap_t th_heap_empty;
 extern th_page_t th_page_empty;
 void *heap_malloc_queue(th_heap_t *heap, size_t size);
 void *heap_malloc_slow(th_heap_t *heap, size_t size);
-void *heap_malloc_refill(th_heap_t *heap, size_t size);
 void *heap_malloc_fill(th_heap_t *heap, size_t size);
 void *heap_malloc_huge(th_heap_t *heap, size_t size);
 th_page_t *heap_page_with_free(th_heap_t *heap, size_t c);
@@ -240,10 +238,10 @@ void profile_huge_free(th_segment_t *seg);
 /* ---- secure.c: secure mode (THREADHEAP_SECURE): every malloc and free of a secure heap takes a slow path */
 void secure_start(void); /* the library constructor, once the options are read */
 void secure_heap_attach(th_heap_t *heap); /* a heap made in secure mode: its quarantine */
-void *secure_malloc(th_heap_t *heap, size_t size); /* heap_malloc_queue (and heap_malloc_slow) on a secure heap */
+void *secure_malloc(th_heap_t *heap, size_t size); /* heap_malloc_queue on a secure heap */
 void *secure_malloc_fill(th_heap_t *heap, size_t size); /* heap_malloc_fill on a secure heap */
-/* th_free's (and free_slow's) call for a pointer in a TH_MAP_SLOW segment's first region: freed there, or
- * passed on to free_checked. */
+/* th_free's call for a pointer in a TH_MAP_SLOW segment's first region: freed there, or passed on to
+ * free_checked. */
 void secure_free_fast(void *p);
 void secure_free(th_segment_t *seg, th_page_t *page, th_block_t *b, const void *p); /* free_checked: p in block b */
 /* th_realloc of a secure block: checked; true when resized in place (within its size class). */

@@ -644,10 +644,10 @@ TH_NOINLINE static void *secure_malloc_chain(th_heap_t *heap, size_t size, size_
     if (th_unlikely(zero_on_free())) return chain_out_zero(heap, r, c, size);
     return chain_out(heap, r, c, size, false);
   }
-  return heap_malloc_refill(heap, size);
+  return heap_malloc_slow(heap, size);
 }
 
-/* heap_malloc_queue (and heap_malloc_slow) on a secure heap: the first page of the class has a free block
+/* heap_malloc_queue on a secure heap: the first page of the class has a free block
  * (the common case), or the oldest chain of remote frees of the class has served its time; else the generic
  * slow path runs (purge clock, sampling, a page to find), and comes back to secure_malloc_fill. */
 void *secure_malloc(th_heap_t *heap, size_t size) {
@@ -660,7 +660,7 @@ void *secure_malloc(th_heap_t *heap, size_t size) {
     }
     return secure_malloc_chain(heap, size, c);
   }
-  return heap_malloc_refill(heap, size);
+  return heap_malloc_slow(heap, size);
 }
 
 /* heap_malloc_fill on a secure heap: remote frees collected enter the quarantine, then a chain that has
@@ -709,7 +709,7 @@ TH_NOINLINE static void free_block_zero(th_segment_t *seg, th_page_t *page, th_b
   free_block(seg, page, b, p, true);
 }
 
-/* th_free (or free_slow) found p's region to be a TH_MAP_SLOW segment's first. A block start of a secure
+/* th_free found p's region to be a TH_MAP_SLOW segment's first. A block start of a secure
  * heap page, not tagged free, is freed here; everything else (huge and aligned blocks, sampled ones, tagged
  * or invalid pointers) takes the generic path, which checks and reports. */
 void secure_free_fast(void *p) {
