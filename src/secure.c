@@ -313,8 +313,8 @@ void secure_carve(th_page_t *page, uint8_t *first, size_t n) {
  * Remote frees (another thread's, and every free into a serialized heap) wait on their page's remote stack
  * until the owner collects it (page_collect, secure_collect), then enter whole, as the chain the freeing
  * threads linked, with no block read: its page, its top and its length, on the class's ring of chains,
- * still counted used by their page. A chain with DELAY blocks of its class's chains behind it has served
- * its time: malloc hands its blocks out straight from it (chain_out), each checked as list_pop checks a
+ * still counted used by their page. A chain DELAY frees of its class behind (ring_frees) has served its
+ * time: malloc hands its blocks out straight from it (chain_out), each checked as list_pop checks a
  * page's (its link, plain here, names a block of the page, or is NULL exactly at the chain's end; its tag
  * still says free). A remote free thus costs the owner one read of the block, when malloc hands it out, as
  * in the default mode: walking each stack when it was collected read every block another core had just
@@ -422,14 +422,20 @@ static void chain_release(th_heap_t *heap, chain_t ch) {
   while (ch.n) release(heap, chain_take(&ch));
 }
 
-/* Has the class's oldest chain served its time? */
-static inline bool chain_ready(const ring_t *r) {
-  return r->count != 0 && ring_frees(r) - r->chain[r->first & (CHAINS - 1)].stamp > r->mask;
+/* The ring's i-th chain, the oldest first (i < count). */
+static inline chain_t *chain_at(const ring_t *r, uint32_t i) { return &r->chain[(r->first + i) & (CHAINS - 1)]; }
+
+/* Has the ring's i-th chain served its time: DELAY frees of its class after it? */
+static inline bool chain_served(const ring_t *r, uint32_t i) {
+  return ring_frees(r) - chain_at(r, i)->stamp > r->mask;
 }
+
+/* Has the class's oldest chain served its time? */
+static inline bool chain_ready(const ring_t *r) { return r->count != 0 && chain_served(r, 0); }
 
 /* The oldest chain off the ring. */
 static chain_t chain_shift(ring_t *r) {
-  chain_t ch = r->chain[r->first & (CHAINS - 1)];
+  chain_t ch = *chain_at(r, 0);
   r->first++;
   r->count--;
   return ch;
@@ -444,7 +450,7 @@ static void chain_enter(th_heap_t *heap, chain_t ch) {
   if (r->count == CHAINS) old = chain_shift(r);
   r->chained += ch.n;
   ch.stamp = ring_frees(r);
-  r->chain[(r->first + r->count) & (CHAINS - 1)] = ch;
+  *chain_at(r, r->count) = ch;
   r->count++;
   if (old.n) chain_release(heap, old);
 }
@@ -453,8 +459,7 @@ static void chain_enter(th_heap_t *heap, chain_t ch) {
  * oldest, and more would hold pages' worth of blocks in a class the thread may never allocate again (a
  * main thread whose workers free what it once allocated held 64 chains of such a class for good). */
 static void ring_trim(th_heap_t *heap, ring_t *r) {
-  while (r->count >= 2 && ring_frees(r) - r->chain[(r->first + 1) & (CHAINS - 1)].stamp > r->mask)
-    chain_release(heap, chain_shift(r));
+  while (r->count >= 2 && chain_served(r, 1)) chain_release(heap, chain_shift(r));
 }
 
 /* The remote frees collected so far enter the quarantine. */
@@ -491,7 +496,7 @@ static void collect_remote(th_heap_t *heap, size_t c) {
  * oldest chain has served its time: a chain a page, and collecting every page at once (hundreds, where
  * threads free what this one allocates) would send most chains back to their pages block by block
  * (ring_trim). The chain of each page enters at once, and no block leaves while the queue is walked: while
- * the oldest has not served its time the ring is not full (a full ring's oldest has CHAINS - 1 blocks or
+ * the oldest has not served its time the ring is not full (a full ring's oldest has CHAINS - 1 frees or
  * more behind it), and the trim waits for the walk's end. */
 static void collect_class(th_heap_t *heap, size_t c) {
   heap_collect_ready(heap);
@@ -620,7 +625,7 @@ TH_NOINLINE static void *block_out_zero(th_page_t *page, size_t size) { return b
 /* A block of the class's oldest chain, which has served its time, handed out for size bytes: checked, and
  * counted as a free collected (its page's count of blocks in use never moved). */
 static inline void *chain_out(th_heap_t *heap, ring_t *r, size_t c, size_t size, bool zero) {
-  chain_t *ch = &r->chain[r->first & (CHAINS - 1)];
+  chain_t *ch = chain_at(r, 0);
   th_page_t *page = ch->page;
   th_block_t *b = chain_take(ch);
   if (zero) check_zero(page, b);
