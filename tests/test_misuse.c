@@ -187,6 +187,18 @@ static void case_interior(int size_idx, enum op op) {
   do_op(op, p);
 }
 
+/* A huge block of 520 regions (2 GiB of address space, never touched): a pointer into region k is found
+ * through the address map's back entries (k < 253), one "look again" entry (253..505) or two (506 on),
+ * and named as an interior pointer of the block, not as memory threadheap never handed out. */
+static const size_t long_region[] = {1, 252, 253, 400, 505, 506, 519};
+static void case_interior_long(int which, enum op op) {
+  unsigned char *b = th_malloc(520 * 4 * MiB - 4096);
+  if (!b) _exit(91);
+  void *p = b + long_region[which] * 4 * MiB + 16;
+  check_expect("%s interior pointer %p (block %p, size %zu)", op_word[op], p, (void *)b, th_usable_size(b));
+  do_op(op, p);
+}
+
 /* ---- negative controls: must exit 0 with nothing on stderr */
 
 static void case_user_data_in_words(void) {
@@ -276,6 +288,7 @@ static void c_purged(int other, int b) { (void)b; case_double_free_purged(other)
 static void c_freed(int s, int op) { case_freed(s, (enum op)op); }
 static void c_invalid(int k, int op) { case_invalid(k, (enum op)op); }
 static void c_interior(int s, int op) { case_interior(s, (enum op)op); }
+static void c_interior_long(int k, int op) { case_interior_long(k, (enum op)op); }
 static void c_user_data(int a, int b) { (void)a, (void)b; case_user_data_in_words(); }
 static void c_recycled(int a, int b) { (void)a, (void)b; case_recycled(); }
 
@@ -311,6 +324,12 @@ int main(void) {
     for (int op = OP_FREE; op <= OP_USABLE; op++) {
       snprintf(label, sizeof label, "%s interior pointer of a %s block", op_word[op], size_name[s]);
       misuse(label, c_interior, s, op);
+    }
+  for (int k = 0; k < (int)(sizeof long_region / sizeof long_region[0]); k++)
+    for (int op = OP_FREE; op <= OP_USABLE; op++) {
+      snprintf(label, sizeof label, "%s interior pointer in region %zu of a 520-region block", op_word[op],
+               long_region[k]);
+      misuse(label, c_interior_long, k, op);
     }
   silent("blocks holding arbitrary values in their first words", c_user_data);
   silent("recycled blocks", c_recycled);
