@@ -39,17 +39,25 @@ static inline uint64_t clock_ns(void) {
     r_;                                               \
   })
 
-static size_t cpu_count = 1;
-
 void os_init(void) {
   long ps = sysconf(_SC_PAGESIZE);
   if (ps > 0) page_size = (size_t)ps;
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  if (n > 0) cpu_count = (size_t)n;
 }
 
 size_t os_page_size(void) { return page_size; }
-size_t os_cpu_count(void) { return cpu_count; }
+
+/* Asked for when an explicit heap is made, not at start: glibc reads it from /sys, and the code that does
+ * (a file read, a number parsed) would stay mapped in every program that preloads threadheap. */
+size_t os_cpu_count(void) {
+  static _Atomic(size_t) cpu_count;
+  size_t n = atomic_load_explicit(&cpu_count, memory_order_relaxed);
+  if (n == 0) {
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    n = online > 0 ? (size_t)online : 1;
+    atomic_store_explicit(&cpu_count, n, memory_order_relaxed);
+  }
+  return n;
+}
 
 void *os_map_aligned(size_t size, size_t align) {
   /* Over-map and trim: the kernel gives page alignment only. The hint-free mapping keeps us in the
