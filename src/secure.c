@@ -482,13 +482,12 @@ static void incoming_enter(th_heap_t *heap) {
   }
 }
 
-/* The remote frees of class c's pages (every class for c == 0) enter the quarantine. Pages parked as full
- * that received some go back to their queues first. */
-static void collect_remote(th_heap_t *heap, size_t c) {
+/* The remote frees of every class's pages enter the quarantine. Pages parked as full that received some go
+ * back to their queues first. (A malloc collects one class, only as far as it needs: collect_class.) */
+static void collect_remote(th_heap_t *heap) {
   heap_collect_ready(heap);
-  size_t lo = c ? c : 1, hi = c ? c : TH_CLASS_COUNT - 1;
-  for (size_t k = lo; k <= hi; k++)
-    for (th_page_t *page = heap->queues[k].first; page; page = page->next) page_collect(page);
+  for (size_t c = 1; c < TH_CLASS_COUNT; c++)
+    for (th_page_t *page = heap->queues[c].first; page; page = page->next) page_collect(page);
   incoming_enter(heap);
 }
 
@@ -528,7 +527,7 @@ static void ring_flush(th_heap_t *heap, ring_t *r) {
 /* heap_purge's round (not a forced one): remote frees into the quarantine, so that their pages are not freed
  * with them; the rings of classes that saw no free for QUIET_ROUNDS rounds back to their pages. */
 void secure_purge(th_heap_t *heap) {
-  collect_remote(heap, 0);
+  collect_remote(heap);
   th_secure_heap_t *q = heap->secure;
   if (!q->on) return;
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
@@ -630,7 +629,7 @@ static inline void *chain_out(th_heap_t *heap, ring_t *r, size_t c, size_t size,
   th_block_t *b = chain_take(ch);
   if (zero) check_zero(page, b);
   b->tag = 0;
-  if (ch->n == 0) r->first++, r->count--;
+  if (ch->n == 0) (void)chain_shift(r);
   heap_count_frees(heap, c, 1);
   block_mark(page, (uint8_t *)b, size);
   return b;
