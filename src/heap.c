@@ -263,12 +263,14 @@ void heap_purge(th_heap_t *heap, bool force) {
    * other threads' large blocks stay cached. th_collect empties it. */
   segment_cache_purge(false);
   /* Abandoned segments whose blocks other threads keep freeing would otherwise hold their memory until some
-   * thread runs short of pages: a live heap takes a few over on every purge round and frees what is empty. */
+   * thread runs short of pages: a live heap takes a few over on every purge round and frees what is empty,
+   * once they have waited the purge delay. Until then they are left to the thread that replaces the exited
+   * one, which adopts the oldest when it first runs short; a round that took them sooner left that thread
+   * carving fresh pages while the blocks it freed emptied pages of another heap (docs/design.md). */
   if (!force && heap != &th_heap_empty && !heap_is_explicit(heap)) {
-    for (int i = 0; i < 4; i++) {
-      th_kind_t kind = (th_kind_t)(heap->stat.slow_calls / 16 % TH_KINDS_PAGED);
-      if (!segment_try_adopt(heap, kind)) break;
-    }
+    int adopted = 0;
+    for (size_t k = 0; k < TH_KINDS_PAGED; k++)
+      while (adopted < 4 && segment_try_adopt(heap, (th_kind_t)k, delay)) adopted++;
     /* And pages that other threads emptied in heaps whose threads only wait (sweep.c); with one thread
      * there is nothing to look at. */
     if (atomic_load_explicit((_Atomic(size_t) *)&th_stats_global.threads_live, memory_order_relaxed) > 1)
@@ -401,7 +403,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
     th_kind_t kind = class_kind(c);
     if (heap->segments[kind] != NULL && heap->segments[kind]->used_pages < heap->segments[kind]->page_count)
       break; /* a free slot of our own comes before adopting */
-    if (!segment_try_adopt(heap, kind)) break;
+    if (!segment_try_adopt(heap, kind, 0)) break;
   }
   th_page_t *page = segment_page_alloc(heap, class_kind(c));
   if (page == NULL) return NULL;

@@ -134,7 +134,7 @@ void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched
 void segment_release(th_segment_t *seg);
 void segment_cache_purge(bool force);
 void segment_abandon(th_segment_t *seg);
-bool segment_try_adopt(th_heap_t *heap, th_kind_t kind);
+bool segment_try_adopt(th_heap_t *heap, th_kind_t kind, uint64_t min_age_ms);
 void segment_lock_all(unsigned level);
 void segment_unlock_all(unsigned level, bool child);
 /* Map entries [lo, hi) hold every segment ever mapped (lo > hi before the first). */

@@ -59,7 +59,7 @@ TH_EXPORT int malloc_trim(size_t pad) {
   if (heap != &th_heap_empty) {
     heap_slow_enter(heap);
     for (size_t k = 0; k < TH_KINDS_PAGED; k++)
-      while (segment_try_adopt(heap, (th_kind_t)k)) {
+      while (segment_try_adopt(heap, (th_kind_t)k, 0)) {
       }
     heap_slow_exit(heap);
   }

@@ -512,6 +512,7 @@ void segment_abandon(th_segment_t *seg) {
   atomic_store_explicit(&seg->remote_batch, 0, memory_order_relaxed);
   atomic_store_explicit(&seg->thread_id, 0, memory_order_release);
   atomic_store_explicit(&seg->heap, NULL, memory_order_release);
+  seg->cached_since_ms = os_now_ms();
   seg->prev = NULL;
   th_segment_t *top = atomic_load_explicit(&abandoned_incoming, memory_order_relaxed);
   do seg->next = top;
@@ -542,9 +543,9 @@ static void abandoned_take_incoming(void) {
   }
 }
 
-/* Take over an abandoned segment of this kind: its live pages join the heap's queues, its empty pages are
- * freed. False when none is waiting. */
-bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
+/* Take over the oldest abandoned segment of this kind, if abandoned at least min_age_ms ago: its live pages
+ * join the heap's queues, its empty pages are freed. False when none is waiting. */
+bool segment_try_adopt(th_heap_t *heap, th_kind_t kind, uint64_t min_age_ms) {
   if (atomic_load_explicit(&abandoned_count, memory_order_relaxed) == 0) return false;
   if (!th_lock_unless_fork(&abandoned_lock)) return false;
   abandoned_take_incoming();
@@ -552,6 +553,7 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind) {
   /* Only a segment made in the heap's own mode: secure pages keep their free blocks elsewhere (secure.c).
    * The mode changes only when the options are read at start (secure_start), so the other kind is rare. */
   if (seg && seg->is_secure != (heap->secure != NULL)) seg = NULL;
+  if (seg && min_age_ms != 0 && os_now_ms() - seg->cached_since_ms < min_age_ms) seg = NULL;
   if (seg) {
     abandoned_last[kind] = seg->prev;
     if (seg->prev) seg->prev->next = NULL;

@@ -223,7 +223,7 @@ struct th_segment_s {
   _Atomic(th_heap_t *) heap;
   th_segment_t *next, *prev; /* the heap's segment list of this kind, the abandoned list, or the cache */
   uint64_t page_index_mask;  /* on the first cache line with thread_id and page_index_shift: a free reads all three */
-  uint64_t cached_since_ms;
+  uint64_t cached_since_ms;  /* when it entered the cache; when it was abandoned, while abandoned */
   size_t huge_committed;     /* huge: bytes from the segment start to the block's end, in OS pages */
   size_t huge_size;          /* huge: the size asked for (the attribution's in_use) */
   /* huge, while profiling: the block's sample (NULL: not sampled) and its estimates (profile.c) */
