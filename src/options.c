@@ -16,7 +16,7 @@
 #define TH_SECURE_DEFAULT 0
 #endif
 th_options_t th_options = {
-    .purge_delay = 250,
+    .purge_delay = 50,
     .cache_max = 512L << 20,
     .show_stats = 0,
     .verbose = 0,
