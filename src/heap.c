@@ -199,6 +199,7 @@ static void heap_purge_idle_page(th_page_t *page, uint64_t now, uint64_t delay, 
   }
   if (page->interior_purged || (!force && (uint32_t)now - page->idle_since_ms < delay)) return;
   page_purge_free_blocks(page);
+  if (!page->tail_fresh) page_purge_tail(page);
   page->interior_purged = 1;
 }
 
@@ -244,6 +245,13 @@ void heap_purge(th_heap_t *heap, bool force) {
       next = page->next;
       if (!page_is_empty(page)) {
         page->free_since_ms = 0; /* in use: the empty clock starts again from the next round */
+        /* A page started in a committed slot: its uncarved rest goes once it stops growing for a round
+         * (pages of larger blocks: once idle for the delay, below), or now with force (th_collect,
+         * malloc_trim). idle_used holds its last capacity. */
+        if (!page->tail_fresh && page->block_size <= TH_PURGE_BLOCK_MIN && heap->secure == NULL) {
+          if (force || page->idle_used == page->capacity) page_purge_tail(page);
+          else page->idle_used = (uint32_t)page->capacity;
+        }
         /* (A secure page's free blocks are on secure_free, where idle_free would be.) */
         if (page->block_size > TH_PURGE_BLOCK_MIN && heap->secure == NULL)
           heap_purge_idle_page(page, now, delay, force);

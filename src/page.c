@@ -272,6 +272,27 @@ void page_purge_free_blocks(th_page_t *page) {
   }
 }
 
+/* Owner only, on a purge round, for a page in use whose uncarved rest may be resident (tail_fresh 0): it was
+ * started in a page slot still committed (segment_page_alloc prefers those: no page faults), and carving
+ * starts again from the slot's first byte, so what the slot's last page had touched past this page's carve
+ * stayed resident, counted nowhere, for as long as this page lived. Past the round after it started, that
+ * rest goes back to the OS and the page's later carves count as fresh. espresso, which starts pages in
+ * reused slots all the time, held about 13% more so (docs/design.md, "Large blocks and purging"). Not in a
+ * segment pinned by an explicit heap's initial_size, which stays committed. */
+void page_purge_tail(th_page_t *page) {
+  th_segment_t *seg = segment_of_page(page);
+  if (seg->is_pinned) return;
+  page->tail_fresh = 1;
+  if (page->capacity == page->reserved) return;
+  size_t size;
+  uint8_t *area = page_area(seg, (size_t)(page - seg->pages), &size);
+  size_t ps = os_page_size();
+  /* committed counts from the start's OS page through the carve's last one (page_extend) */
+  uintptr_t lo = ((uintptr_t)page->start & ~(uintptr_t)(ps - 1)) + page->committed;
+  uintptr_t hi = ((uintptr_t)area + size) & ~(uintptr_t)(ps - 1);
+  if (hi > lo) os_purge((void *)lo, hi - lo);
+}
+
 /* Is block on the page's free or local_free list? Owner only; the caller collects thread_free first. */
 bool page_list_contains(const th_page_t *page, const th_block_t *block) {
   for (const th_block_t *b = page->free; b; b = b->next)
