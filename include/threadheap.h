@@ -82,7 +82,7 @@ typedef struct th_stats_s {
   size_t committed;       /* bytes of pages in use by heaps plus huge blocks, current */
   size_t committed_peak;  /* highest value of committed */
   size_t mapped;          /* bytes of address space mapped from the OS, current */
-  size_t cached;          /* bytes of free segments kept committed in the segment cache */
+  size_t cached;          /* resident bytes of the free segments in the segment cache */
   size_t os_maps;         /* count of OS map calls */
   size_t os_unmaps;       /* count of OS unmap calls */
   size_t os_purges;       /* count of purges (memory returned with madvise) */
@@ -105,8 +105,8 @@ typedef struct th_stats_s {
    * `mapped` plus the touched part of the segment map (in `metadata`). in_use is exact while no other
    * thread allocates or frees, and close otherwise. */
   size_t in_use;          /* bytes in blocks the program holds (size-class sizes; huge blocks to their end page) */
-  size_t free_in_pages;   /* committed bytes of free blocks in pages in use: fragmentation */
-  size_t empty_pages;     /* page slots with no block, still committed, waiting for the purge delay */
+  size_t free_in_pages;   /* resident bytes of pages in use beyond their blocks held: fragmentation */
+  size_t empty_pages;     /* resident bytes of page slots with no page, waiting for the purge delay */
   size_t metadata;        /* segment headers and page descriptors, heap structs, the segment map */
   size_t purged;          /* mapped but not resident: returned to the OS, or never touched */
   size_t in_use_peak;     /* the highest in_use seen: at every read, and at every huge allocation (with the

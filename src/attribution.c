@@ -2,7 +2,9 @@
  * in free blocks of pages in use, in empty page slots, in the cache, in metadata, or not resident at all.
  *
  * Nothing on the fast paths counts this: it is computed when read, from the page descriptors every segment
- * header already keeps (a page's used count, its thread_free count, its committed bytes). The walk visits
+ * header already keeps (a page's used count, its thread_free count) and what the kernel says is resident
+ * (mincore, a call per segment: a free slot or block keeps the pages it touched until purged, which no
+ * counter follows exactly, so the walk asks rather than estimates). The walk visits
  * the map entries of segment starts; other threads may unmap or reuse a segment meanwhile, so each header
  * is copied with os_read_self, which fails instead of faulting on memory gone, and what is copied is
  * checked for sense before it counts. A segment reused during the walk reads as whichever state the copy
@@ -89,7 +91,15 @@ static bool heap_in(const th_heap_t *h, const th_heap_t *only) {
  * descriptors start at a fixed offset). */
 typedef struct walk_buf_s {
   _Alignas(128) unsigned char bytes[offsetof(th_segment_t, pages) + WALK_PAGES_MAX * sizeof(th_page_t)];
+  uint8_t resident[TH_SEGMENT_SIZE / 4096]; /* os_resident's vector: a byte per OS page (4 KiB or more) */
 } walk_buf_t;
+
+/* Resident bytes of the OS pages of [from, to), offsets in a segment whose vector is vec. */
+static size_t resident_in(const uint8_t *vec, size_t from, size_t to, size_t ps) {
+  size_t bytes = 0;
+  for (size_t i = from / ps; i < to / ps; i++) bytes += (vec[i] & 1) * ps;
+  return bytes;
+}
 
 static size_t pages_of_kind(unsigned kind) {
   return kind == TH_KIND_SMALL ? WALK_PAGES_MAX
@@ -124,16 +134,18 @@ static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out,
   if (n > 1 && os_read_self(&copy->pages[1], &at->pages[1], (n - 1) * sizeof(th_page_t)) != (n - 1) * sizeof(th_page_t))
     return;
   size_t header = segment_header_size(n, seg->is_secure);
-  /* The header's last OS page is shared with page 0's first blocks: metadata counts it, page 0 does not. */
-  size_t shared = align_up(header, ps) - (header & ~(ps - 1));
-  out->metadata += align_up(header, ps);
+  /* What is resident, page by page (mincore): a slot holds what its pages last touched until purged, carved
+   * by this page or by an earlier one (a page started in a committed slot carves from the slot's start). */
+  uint8_t *vec = b->resident;
+  os_resident(at, TH_SEGMENT_SIZE, vec);
+  size_t hdr = align_up(header, ps);
+  out->metadata += resident_in(vec, 0, hdr, ps);
   for (size_t i = 0; i < n; i++) {
     const th_page_t *page = &copy->pages[i];
-    size_t skip = i == 0 ? shared : 0;
+    size_t from = i == 0 ? hdr : i << seg->page_shift, to = (i + 1) << seg->page_shift;
+    size_t resident = resident_in(vec, from, to, ps);
     if (!page->in_use) {
-      /* An estimate: a slot not purged since its last use is counted whole, carved or not. */
-      size_t slot = ((size_t)1 << seg->page_shift) - (i == 0 ? align_up(header, ps) : 0);
-      if (!page->is_purged) out->empty_pages += slot;
+      out->empty_pages += resident;
       continue;
     }
     if (page->block_size == 0 || page->capacity > page->reserved || page->class_idx == 0 ||
@@ -147,14 +159,8 @@ static void walk_segment(const th_segment_t *at, walk_buf_t *b, th_stats_t *out,
     flow->allocs[page->class_idx] += used + owner_frees;
     flow->frees[page->class_idx] += owner_frees + remote;
     size_t live = live_blocks * page->block_size;
-    size_t committed = page->committed > skip ? page->committed - skip : 0;
-    if (page->interior_purged && page->block_size > ps && page->capacity > live_blocks) {
-      /* Each free block kept only its first OS page (page_purge_free_blocks). */
-      size_t gone = (page->capacity - live_blocks) * (align_up(page->block_size, ps) - ps);
-      committed = committed > gone ? committed - gone : 0;
-    }
     out->in_use += live;
-    out->free_in_pages += committed > live ? committed - live : 0;
+    out->free_in_pages += resident > live ? resident - live : 0;
   }
 }
 
@@ -217,7 +223,8 @@ static void flow_compute(th_stats_t *out, walk_flow_t *flow) {
   out->reused_bytes = out->alloc_bytes > out->fresh_bytes ? out->alloc_bytes - out->fresh_bytes : 0;
 }
 
-/* out's mapped and cached are set (process-wide: from the counters; a heap: 0, and the walk adds mapped). */
+/* out's mapped is set (process-wide: from the counters; a heap: 0, and the walk adds it); cached is measured
+ * here (process-wide; a heap: 0). */
 static void compute(th_stats_t *out, const th_heap_t *only) {
   out->in_use = out->free_in_pages = out->empty_pages = out->metadata = out->purged = 0;
   size_t lo, hi;
@@ -232,6 +239,7 @@ static void compute(th_stats_t *out, const th_heap_t *only) {
     walk_segment((const th_segment_t *)(i << TH_SEGMENT_SHIFT), &b, out, &flow);
   }
   flow_compute(out, &flow);
+  if (only == NULL) out->cached = segment_cache_resident();
   if (only == NULL) atomic_store_explicit(&paged_in_use, out->in_use - flow.huge_in_use, memory_order_relaxed);
   size_t ps = os_page_size();
   size_t map_bytes = only || hi <= lo ? 0 : align_up(hi, ps) - (lo & ~(ps - 1));

@@ -133,6 +133,7 @@ size_t segment_header_size(size_t page_count, bool secure);
 th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure);
 void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched, bool secure);
 void segment_release(th_segment_t *seg);
+size_t segment_cache_resident(void);
 void segment_cache_purge(bool force);
 void segment_abandon(th_segment_t *seg);
 bool segment_try_adopt(th_heap_t *heap, th_kind_t kind, uint64_t min_age_ms);

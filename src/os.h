@@ -75,6 +75,10 @@ void os_thread_name(uint32_t tid, char name[16]);
  * than n (0 on failure) where the range ends in unmapped memory. For reading segments that other threads may
  * unmap meanwhile (the attribution walk). */
 size_t os_read_self(void *dst, const void *src, size_t n);
+/* Which OS pages of [p, p + size) are resident (mincore): vec, when not NULL, gets a byte per page (bit 0 set:
+ * resident), size / os_page_size() of them; the resident bytes are returned. p is page-aligned. A part of the
+ * range not mapped (any more) counts as not resident. */
+size_t os_resident(const void *p, size_t size, uint8_t *vec);
 uint64_t os_realtime_ns(void);
 /* The live export's file: created (0600, replacing a dead process's file of the same name) and mapped
  * shared, size bytes; NULL on failure. */

@@ -311,6 +311,19 @@ size_t os_read_self(void *dst, const void *src, size_t n) {
   return r < 0 ? 0 : (size_t)r;
 }
 
+size_t os_resident(const void *p, size_t size, uint8_t *vec) {
+  size_t ps = os_page_size(), pages = size / ps, resident = 0;
+  uint8_t buf[1024];
+  for (size_t done = 0; done < pages;) {
+    size_t n = pages - done < sizeof buf ? pages - done : sizeof buf;
+    uint8_t *v = vec ? vec + done : buf;
+    if (mincore((uint8_t *)(uintptr_t)p + done * ps, n * ps, v) != 0) memset(v, 0, n); /* ENOMEM: unmapped */
+    for (size_t i = 0; i < n; i++) resident += v[i] & 1;
+    done += n;
+  }
+  return resident * ps;
+}
+
 uint64_t os_realtime_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);

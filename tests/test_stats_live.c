@@ -5,6 +5,10 @@
  *    what is mapped plus at most the segment map.
  *  - threads: four threads allocate, exchange and free blocks, each keeping a known set; after they exit
  *    in_use has grown by exactly the blocks they kept.
+ *  - sparse: medium blocks written only in their first OS page (those kept: whole), most then freed: the free
+ *    blocks count what
+ *    they hold resident (their first pages, mincore), not their size, so the parts fit in what the process's
+ *    RSS grew by.
  *  - concurrent: while two threads allocate and free without pause, in_use is within 1% of the truth.
  *  - export: the test runs itself with THREADHEAP_STATS_INTERVAL=50 as a child that holds 64 MiB and then
  *    only allocates and frees four small blocks in turn (every malloc and free on its fast path). The file
@@ -109,6 +113,47 @@ static void *exchanger(void *arg) {
     th_free(atomic_exchange(&xslots[me][i], p));
   }
   return NULL;
+}
+
+static size_t rss_bytes(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  unsigned long size = 0, resident = 0;
+  if (f) {
+    if (fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
+    fclose(f);
+  }
+  return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+static void test_sparse(void) {
+  enum { N = 200, KEEP = 25 };
+  const size_t size = 60 * 1024, ps = (size_t)sysconf(_SC_PAGESIZE);
+  static void *blocks[N];
+  th_collect(); /* every free slot purged: what follows starts from untouched memory */
+  th_stats_t a, b;
+  th_stats_get(&a);
+  size_t rss0 = rss_bytes();
+  for (int i = 0; i < N; i++) {
+    blocks[i] = th_malloc(size);
+    if (!CHECK(blocks[i] != NULL)) return;
+    if (i % KEEP == 0) memset(blocks[i], i, size); /* kept: written whole, resident as in_use counts it */
+    ((volatile unsigned char *)blocks[i])[8] = (unsigned char)i;
+  }
+  for (int i = 0; i < N; i++)
+    if (i % KEEP) th_free(blocks[i]);
+  th_stats_get(&b);
+  size_t rss1 = rss_bytes();
+  size_t held0 = a.free_in_pages + a.empty_pages, held1 = b.free_in_pages + b.empty_pages;
+  size_t held = held1 > held0 ? held1 - held0 : 0, grown = rss1 > rss0 ? rss1 - rss0 : 0;
+  size_t freed = N - (N + KEEP - 1) / KEEP;
+  CHECK_MSG(held <= grown + ((size_t)256 << 10), "sparse: free and empty grew %zu bytes, RSS %zu", held, grown);
+  CHECK_MSG(held >= freed * ps / 2, "sparse: free and empty grew %zu bytes for %zu freed blocks", held, freed);
+  for (int i = 0; i < N; i += KEEP) {
+    CHECK(((volatile unsigned char *)blocks[i])[8] == (unsigned char)i);
+    th_free(blocks[i]);
+  }
+  printf("sparse: %zu blocks of %zu KiB freed (first OS page written): free and empty +%zu KiB, RSS +%zu KiB\n",
+         freed, size >> 10, held >> 10, grown >> 10);
 }
 
 static void *idle(void *arg) { return arg; }
@@ -494,6 +539,7 @@ static void test_export(const char *self) {
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "--export-child") == 0) return export_child(atoi(argv[2]), atoi(argv[3]));
   test_exact();
+  test_sparse();
   test_threads();
   test_concurrent();
   test_flow();
