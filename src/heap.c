@@ -296,8 +296,44 @@ void heap_purge(th_heap_t *heap, bool force) {
  * it reads the segment on its way to heap_free_tick. Such a page reads used_word == 0 (no block used, the
  * free count just wrapped), and while the sweep freed one, its segments stay with the heap until the owner's
  * next purge round or its exit (segment_release_unused). */
+/* A sweeper's part of the ready stack: pages parked as full that other threads' frees emptied while the owner
+ * waited. The first remote free into a full page put it on the stack, so every such page is there. One
+ * whose blocks are all on thread_free (its notifying free done: NOTIFIED) and into which the owner has not
+ * freed since it parked it (its free count still all ones: the owner's next free carries to a slow path,
+ * which waits for the sweep) holds nothing the owner can touch, and goes back to its segment; the rest go
+ * back on the stack for the owner. */
+static void heap_sweep_ready(th_heap_t *heap) {
+  th_page_t *page = atomic_exchange_explicit(&heap->ready, NULL, memory_order_acquire);
+  th_page_t *keep = NULL, *keep_last = NULL;
+  while (page) {
+    th_page_t *next = page->ready_next;
+    uint32_t used_word = __atomic_load_n(&page->used_word, __ATOMIC_RELAXED);
+    uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_acquire);
+    if (page->in_full && used_word >> TH_USED_BITS == (uint32_t)~TH_USED_MASK >> TH_USED_BITS &&
+        (tf & TH_TF_MASK) == TH_TF_NOTIFIED && (tf >> TH_TF_COUNT_SHIFT) == (used_word & TH_USED_MASK)) {
+      heap_queue_remove(heap, &heap->full, page);
+      page_discard_free(page);
+      segment_page_free_kept(heap, page);
+      page->in_full = 0;
+      heap->sweep_kept = true;
+    } else {
+      page->ready_next = keep;
+      keep = page;
+      if (keep_last == NULL) keep_last = page;
+    }
+    page = next;
+  }
+  if (keep == NULL) return;
+  th_page_t *top = atomic_load_explicit(&heap->ready, memory_order_relaxed);
+  do {
+    keep_last->ready_next = top;
+  } while (!atomic_compare_exchange_weak_explicit(&heap->ready, &top, keep, memory_order_release,
+                                                  memory_order_relaxed));
+}
+
 void heap_sweep(th_heap_t *heap, uint64_t now) {
   bool carried = false;
+  heap_sweep_ready(heap);
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
     th_page_t *first = heap->queues[c].first;
     if (first == NULL) continue;

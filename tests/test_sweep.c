@@ -3,14 +3,16 @@
  *
  * Default: the owner allocates 32 MiB of small and medium blocks with a pattern in each, frees one block
  * in 32 itself (so that most of its pages sit in its queues, not parked as full), hands the rest to a
- * worker and waits for it on a condition variable. The worker checks every pattern, frees every block (all
+ * worker and waits for it on a condition variable. --full: the owner frees none itself, so every page it
+ * filled is parked as full and reaches the sweep on the ready stack (the remote frees' notifications). The worker checks every pattern, frees every block (all
  * remote frees), then works in batches of its own, which runs its purge rounds. It passes when threadheap's
  * committed bytes fall below the value before the burst plus 8 MiB within 10 s while the owner waits
  * (CTest sets THREADHEAP_PURGE_DELAY=100), and when the owner, woken, allocates, fills and checks a second
  * burst in its swept heap. Before sweeping, the owner's pages stayed committed until its next slow path.
  *
  * --race S: for S seconds, an owner alternates bursts (blocks handed to two workers, which check and free
- * them while they run batches of their own, and so sweep) with quiet spells of twice the purge delay in
+ * them while they run batches of their own, and so sweep; pages of the burst's second half are all handed
+ * over, so they reach the sweep parked as full) with quiet spells of twice the purge delay in
  * which it frees its own remaining blocks one at a time, every free on its fast path, and allocates a few:
  * a heap that counts as idle while its owner's fast paths run, the case the sweep must leave alone. Every
  * block is checked before it is freed, by whichever thread frees it. */
@@ -139,7 +141,7 @@ static size_t burst(block_t *blocks, size_t n, uint64_t *rng, uint64_t tag0, boo
   return bytes;
 }
 
-static int run_waiting_owner(void) {
+static int run_waiting_owner(bool owner_frees) {
   size_t cap = 32 * MiB / 512; /* small blocks, 520 bytes on average: about 32 MiB */
   block_t *blocks = calloc(cap, sizeof *blocks);
   if (!CHECK(blocks != NULL)) return check_summary();
@@ -152,7 +154,7 @@ static int run_waiting_owner(void) {
   CHECK_MSG(peak.committed >= before.committed + 24 * MiB, "the burst did not raise committed (%zu -> %zu)",
             before.committed, peak.committed);
   /* One block in 32 freed by the owner: its pages leave the full queue for their class queues. */
-  for (size_t i = 0; i < cap; i += 32) {
+  for (size_t i = 0; owner_frees && i < cap; i += 32) {
     th_free(blocks[i].p);
     blocks[i].p = NULL;
   }
@@ -165,9 +167,9 @@ static int run_waiting_owner(void) {
   while (!handoff.done) pthread_cond_wait(&handoff.c, &handoff.m);
   pthread_mutex_unlock(&handoff.m);
   pthread_join(t, NULL);
-  printf("burst: %zu blocks, %zu MiB, freed by another thread while their owner waited; committed %zu KiB "
+  printf("burst: %zu blocks, %zu MiB, freed by another thread while their owner waited (%s); committed %zu KiB "
          "before, %zu KiB at peak, %zu KiB after %.3f s\n",
-         cap, bytes / MiB, before.committed >> 10, peak.committed >> 10, handoff.committed_after >> 10,
+         cap, bytes / MiB, owner_frees ? "pages in their queues" : "pages parked as full", before.committed >> 10, peak.committed >> 10, handoff.committed_after >> 10,
          handoff.seconds);
   CHECK_MSG(handoff.bad == 0, "%zu blocks had lost their pattern when the worker freed them", handoff.bad);
   CHECK_MSG(handoff.committed_after < handoff.committed_limit,
@@ -227,14 +229,16 @@ static int run_race(double seconds) {
   size_t own_bad = 0, rounds = 0, quiet_frees = 0;
   double t0 = now_s();
   while (now_s() - t0 < seconds) {
-    /* A burst: every block but one in eight goes to the workers, the rest stays with the owner. */
+    /* A burst: every block but one in eight of its first half goes to the workers, the rest stays with the
+     * owner. Pages of the second half hold no kept block: parked as full, emptied by the workers, swept from
+     * the ready stack while the owner frees its kept blocks into the others. */
     size_t nkept = 0;
     for (size_t i = 0; i < RACE_BURST; i++) {
       size_t s = block_size(rng_next(&rng));
       block_t b = {th_malloc(s), s, tag++};
       if (!CHECK(b.p != NULL)) break;
       fill(b.p, s, b.tag);
-      if ((i & 7) == 0) {
+      if ((i & 7) == 0 && i < RACE_BURST / 2) {
         kept[nkept++] = b;
         continue;
       }
@@ -289,8 +293,9 @@ static int run_race(double seconds) {
 
 int main(int argc, char **argv) {
   if (argc == 3 && !strcmp(argv[1], "--race")) return run_race(atof(argv[2]));
-  if (argc != 1) {
-    fprintf(stderr, "usage: test_sweep [--race SECONDS]\n");
+  bool full = argc == 2 && !strcmp(argv[1], "--full");
+  if (argc != 1 && !full) {
+    fprintf(stderr, "usage: test_sweep [--full | --race SECONDS]\n");
     return 2;
   }
   /* Without the kernel's barrier nothing is swept (docs/design.md): skipped, not failed. */
@@ -299,5 +304,5 @@ int main(int argc, char **argv) {
     printf("skipped: the kernel offers no private expedited membarrier\n");
     return 77;
   }
-  return run_waiting_owner();
+  return run_waiting_owner(!full);
 }
