@@ -286,16 +286,6 @@ void heap_purge(th_heap_t *heap, bool force) {
   }
 }
 
-/* A sweeper's pass over a thread heap, which sweep.c holds: its owner is in none of its slow paths. The
- * owner's fast paths run on, and they touch only the first page of each class (malloc) and pages where the
- * owner frees a block it holds: an empty page has none. So the empty pages after the first of their class
- * go back to their segments, as the owner's own purge round would free them, and every free slot is purged
- * (the owner carves no page before its next slow path). Then the segments left with no page in use leave
- * the heap, for any thread to use: a free pushes before it counts (free_push_local), so the page of the
- * owner's last live block is empty only once the free is done with it, but for a free whose count carried:
- * it reads the segment on its way to heap_free_tick. Such a page reads used_word == 0 (no block used, the
- * free count just wrapped), and while the sweep freed one, its segments stay with the heap until the owner's
- * next purge round or its exit (segment_release_unused). */
 /* A sweeper's part of the ready stack: pages parked as full that other threads' frees emptied while the owner
  * waited. The first remote free into a full page put it on the stack, so every such page is there. One
  * whose blocks are all on thread_free (its notifying free done: NOTIFIED) and into which the owner has not
@@ -331,6 +321,17 @@ static void heap_sweep_ready(th_heap_t *heap) {
                                                   memory_order_relaxed));
 }
 
+/* A sweeper's pass over a thread heap, which sweep.c holds: its owner is in none of its slow paths. The
+ * owner's fast paths run on, and they touch only the first page of each class (malloc) and pages where the
+ * owner frees a block it holds: an empty page has none. So the empty pages after the first of their class
+ * go back to their segments, as the owner's own purge round would free them, and so do the emptied pages
+ * parked as full (heap_sweep_ready, above); every free slot is purged
+ * (the owner carves no page before its next slow path). Then the segments left with no page in use leave
+ * the heap, for any thread to use: a free pushes before it counts (free_push_local), so the page of the
+ * owner's last live block is empty only once the free is done with it, but for a free whose count carried:
+ * it reads the segment on its way to heap_free_tick. Such a page reads used_word == 0 (no block used, the
+ * free count just wrapped), and while the sweep freed one, its segments stay with the heap until the owner's
+ * next purge round or its exit (segment_release_unused). */
 void heap_sweep(th_heap_t *heap, uint64_t now) {
   bool carried = false;
   heap_sweep_ready(heap);
