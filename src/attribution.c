@@ -239,8 +239,10 @@ static void compute(th_stats_t *out, const th_heap_t *only) {
     walk_segment((const th_segment_t *)(i << TH_SEGMENT_SHIFT), &b, out, &flow);
   }
   flow_compute(out, &flow);
-  if (only == NULL) out->cached = segment_cache_resident();
-  if (only == NULL) atomic_store_explicit(&paged_in_use, out->in_use - flow.huge_in_use, memory_order_relaxed);
+  if (only == NULL) {
+    out->cached = segment_cache_resident();
+    atomic_store_explicit(&paged_in_use, out->in_use - flow.huge_in_use, memory_order_relaxed);
+  }
   size_t ps = os_page_size();
   size_t map_bytes = only || hi <= lo ? 0 : align_up(hi, ps) - (lo & ~(ps - 1));
   size_t structs = 0;

@@ -287,20 +287,15 @@ void heap_purge(th_heap_t *heap, bool force) {
 }
 
 /* A sweeper's part of the ready stack: pages parked as full that other threads' frees emptied while the owner
- * waited. The first remote free into a full page put it on the stack, so every such page is there. One
- * whose blocks are all on thread_free (its notifying free done: NOTIFIED) and into which the owner has not
- * freed since it parked it (its free count still all ones: the owner's next free carries to a slow path,
- * which waits for the sweep) holds nothing the owner can touch, and goes back to its segment; the rest go
- * back on the stack for the owner. */
+ * waited. The first remote free into a full page put it on the stack, so every such page is there. One that
+ * page_parked_is_empty holds nothing the owner can touch (its next free into it would carry to a slow path,
+ * which waits for the sweep), and goes back to its segment; the rest go back on the stack for the owner. */
 static void heap_sweep_ready(th_heap_t *heap) {
   th_page_t *page = atomic_exchange_explicit(&heap->ready, NULL, memory_order_acquire);
   th_page_t *keep = NULL, *keep_last = NULL;
   while (page) {
     th_page_t *next = page->ready_next;
-    uint32_t used_word = __atomic_load_n(&page->used_word, __ATOMIC_RELAXED);
-    uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_acquire);
-    if (page->in_full && used_word >> TH_USED_BITS == (uint32_t)~TH_USED_MASK >> TH_USED_BITS &&
-        (tf & TH_TF_MASK) == TH_TF_NOTIFIED && (tf >> TH_TF_COUNT_SHIFT) == (used_word & TH_USED_MASK)) {
+    if (page_parked_is_empty(page)) {
       heap_queue_remove(heap, &heap->full, page);
       page_discard_free(page);
       segment_page_free_kept(heap, page);

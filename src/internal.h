@@ -110,6 +110,7 @@ void page_forget(th_page_t *page);
 bool page_extend(th_heap_t *heap, th_page_t *page);
 size_t page_collect(th_page_t *page);
 bool page_is_empty(const th_page_t *page);
+bool page_parked_is_empty(const th_page_t *page);
 void page_discard_free(th_page_t *page);
 bool page_try_set_full(th_page_t *page);
 void page_clear_delay(th_page_t *page);

@@ -180,6 +180,17 @@ bool page_is_empty(const th_page_t *page) {
   return page_used(page) == tf_count(atomic_load_explicit(&page->thread_free, memory_order_relaxed));
 }
 
+/* A page parked as full whose blocks are all on thread_free, its notifying free done (NOTIFIED), and into
+ * which its owner has not freed since parking it (the owner-free count still all ones; the owner's next free
+ * carries to a slow path). used_word is read once: an owner's free between two reads could pair the count
+ * before it with the used count after it. For a sweeper holding the heap (heap_sweep_ready). */
+bool page_parked_is_empty(const th_page_t *page) {
+  uint32_t used_word = __atomic_load_n(&page->used_word, __ATOMIC_RELAXED);
+  uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_acquire);
+  return page->in_full && used_word >> TH_USED_BITS == (uint32_t)~TH_USED_MASK >> TH_USED_BITS &&
+         tf_state(tf) == TH_TF_NOTIFIED && tf_count(tf) == (used_word & TH_USED_MASK);
+}
+
 /* Owner only, for a page about to be freed whose blocks are all free (page_is_empty): its lists are dropped
  * and its remote frees counted, without walking them. */
 void page_discard_free(th_page_t *page) {
