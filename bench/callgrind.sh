@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/callgrind.sh: instructions per malloc+free pair, per allocator and size, counted with callgrind.
+# bench/callgrind.sh: instructions per malloc+free (or new+delete) pair, per allocator and size, counted with callgrind.
 #
 # For each allocator and size the `pairs` workload runs twice under valgrind --tool=callgrind: N pairs and
 # N/2 pairs. The difference of the two instruction totals over N/2 cancels everything but the pairs
@@ -7,13 +7,17 @@
 # the noise of a shared machine, which is why they complement the timed runs.
 #
 # usage: bash bench/callgrind.sh [N]        (default N = 200000)
-# env:   BUILD (default build), TH_LIB (default $BUILD/libthreadheap.so), SIZES (default "16 32 64 128 256 512 1024")
+# env:   BUILD (default build), TH_LIB (default $BUILD/libthreadheap.so), SIZES (default "16 32 64 128 256 512 1024"),
+#        API (malloc, the default: malloc+free; new: C++'s operator new and sized delete, pairs --new)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD:-build}
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 n=${1:-200000}
 sizes=${SIZES:-"16 32 64 128 256 512 1024"}
+api=${API:-malloc}
+case "$api" in malloc) api_flag=() pair="malloc+free" ;; new) api_flag=(--new) pair="new+delete" ;;
+  *) echo "callgrind.sh: API must be malloc or new, not $api" >&2; exit 2 ;; esac
 exe="$build/bin/pairs"
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind not installed (apt-get install valgrind)" >&2; exit 2; }
 [ -x "$exe" ] || { echo "callgrind.sh: $exe not found (run make)" >&2; exit 2; }
@@ -27,7 +31,7 @@ order=(threadheap glibc mimalloc jemalloc tcmalloc)
 # Total instructions of one run: callgrind prints "Collected : <Ir>" on stderr.
 count() { # lib size pairs
   local out
-  out=$(LD_PRELOAD="$1" valgrind --tool=callgrind --callgrind-out-file=/dev/null "$exe" --count "$3" --size "$2" 2>&1) ||
+  out=$(LD_PRELOAD="$1" valgrind --tool=callgrind --callgrind-out-file=/dev/null "$exe" --count "$3" --size "$2" "${api_flag[@]}" 2>&1) ||
     { echo "callgrind.sh: run failed: $out" >&2; return 1; }
   sed -n 's/.*Collected : *\([0-9]*\).*/\1/p' <<<"$out" | tail -1
 }
@@ -45,4 +49,4 @@ for s in $sizes; do
   done
   printf '\n'
 done
-echo "(instructions per malloc+free pair; N=$n, difference of N and N/2 pairs)"
+echo "(instructions per $pair pair; N=$n, difference of N and N/2 pairs)"

@@ -8,6 +8,7 @@
  *           allocator itself scales: 1.0 means as well as code that never touches the allocator.
  *   --count N --size S: exactly N pairs of S bytes and nothing else, for instruction counting
  *           (bench/callgrind.sh).
+ *   --new:  the pairs are C++'s operator new and sized delete instead of malloc and free (pairs_new.cpp).
  *
  * Output: {"experiment":"pairs","mode":"single","size":..,"ns_per_pair":..} and
  * {"experiment":"pairs","mode":"scaling","size":..,"ns_per_pair":..,"speedup":..,"ref_speedup":..,
@@ -30,7 +31,16 @@ static struct {
 
 static _Thread_local volatile uint64_t ref_sink;
 
+static int use_new; /* --new */
+void pairs_new_loop(size_t size, long n);
+void *volatile *pairs_sink(void);
+void *volatile *pairs_sink(void) { return &bench_sink; }
+
 static void pair_loop(size_t size, long n) {
+  if (use_new) {
+    pairs_new_loop(size, n);
+    return;
+  }
   for (long i = 0; i < n; i++) {
     void *p = malloc(size);
     bench_sink = p;
@@ -98,9 +108,10 @@ int main(int argc, char **argv) {
       i++;
     } else if (!strcmp(a, "--count") && v) count = bench_parse_num(prog, v), i++;
     else if (!strcmp(a, "--size") && v) csize = bench_parse_num(prog, v), i++;
+    else if (!strcmp(a, "--new")) use_new = 1;
     else {
-      fprintf(stderr, "usage: pairs [--smoke] [--full] [--seconds S] [--modes single,scaling] [--sizes LIST]\n"
-                      "       pairs --count N --size BYTES\n");
+      fprintf(stderr, "usage: pairs [--smoke] [--full] [--seconds S] [--modes single,scaling] [--sizes LIST] [--new]\n"
+                      "       pairs --count N --size BYTES [--new]\n");
       return 2;
     }
   }
