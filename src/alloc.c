@@ -17,6 +17,24 @@ extern const char override_anchor;
 __attribute__((used)) static const char *const keep_override = &override_anchor;
 #endif
 
+#ifdef TH_OVERRIDE
+/* C++'s operator new(size_t) and new[](size_t), under their C++ names (new.cpp has the other forms): the
+ * malloc fast path itself, inline, so that a C++ program's `new T` costs what malloc does (a wrapper in
+ * new.cpp that called th_malloc through the PLT and tested its result took 14 instructions more a new+delete
+ * pair: bench/callgrind.sh with API=new). A slow path's NULL goes on to new.cpp's loop of new_handler calls
+ * and std::bad_alloc, which may throw through these frames (C frames carry unwind tables on x86-64). */
+void *alloc_new_failed(size_t size); /* new.cpp */
+
+static TH_NOINLINE void *alloc_new_slow(th_heap_t *heap, size_t size) {
+  void *p = heap_malloc_queue(heap, size);
+  return th_likely(p != NULL) ? p : alloc_new_failed(size);
+}
+
+TH_HOT void *alloc_new(size_t size) { return heap_malloc_or(th_heap_tls, size, alloc_new_slow); }
+TH_API void *_Znwm(size_t size) __attribute__((alias("alloc_new")));
+TH_API void *_Znam(size_t size) __attribute__((alias("alloc_new")));
+#endif
+
 bool alloc_too_large(size_t size) { return size > (size_t)PTRDIFF_MAX - 2 * TH_SEGMENT_SIZE; }
 
 TH_API void *th_calloc(size_t count, size_t size) {

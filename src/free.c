@@ -181,6 +181,23 @@ TH_API TH_HOT void th_free(void *p) {
 #ifdef TH_OVERRIDE
 /* The standard name is the same function, not a call to it. */
 TH_API void free(void *p) __attribute__((alias("th_free")));
+/* So is C++'s operator delete, every form, under its C++ name: the size a sized delete is given is a hint
+ * the compiler passes, not a fact (a wrong one must not corrupt the heap), and an aligned block is found by
+ * its tag, so every form is th_free, whose one parameter is the first the forms share (the ABI passes the
+ * rest in registers th_free does not read). A wrapper in new.cpp calling th_free cost 5 instructions a
+ * delete. */
+TH_API void _ZdlPv(void *p) __attribute__((alias("th_free")));                               /* delete(void*) */
+TH_API void _ZdaPv(void *p) __attribute__((alias("th_free")));                               /* delete[] */
+TH_API void _ZdlPvm(void *p) __attribute__((alias("th_free")));                              /* sized */
+TH_API void _ZdaPvm(void *p) __attribute__((alias("th_free")));
+TH_API void _ZdlPvRKSt9nothrow_t(void *p) __attribute__((alias("th_free")));                 /* nothrow */
+TH_API void _ZdaPvRKSt9nothrow_t(void *p) __attribute__((alias("th_free")));
+TH_API void _ZdlPvSt11align_val_t(void *p) __attribute__((alias("th_free")));                /* aligned */
+TH_API void _ZdaPvSt11align_val_t(void *p) __attribute__((alias("th_free")));
+TH_API void _ZdlPvSt11align_val_tRKSt9nothrow_t(void *p) __attribute__((alias("th_free")));  /* aligned, nothrow */
+TH_API void _ZdaPvSt11align_val_tRKSt9nothrow_t(void *p) __attribute__((alias("th_free")));
+TH_API void _ZdlPvmSt11align_val_t(void *p) __attribute__((alias("th_free")));               /* sized, aligned */
+TH_API void _ZdaPvmSt11align_val_t(void *p) __attribute__((alias("th_free")));
 #endif
 
 /* Every free th_free does not do (a pointer it cannot take as an owner's or another thread's block start,

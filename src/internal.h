@@ -591,19 +591,24 @@ static inline th_page_t *heap_page_for_size(th_heap_t *heap, size_t size) {
   return heap->direct_large[(size + 16383) >> 14];
 }
 
-/* The malloc fast path on a heap (th_malloc on the thread's, th_heap_malloc on an explicit one): a table
- * lookup and a pop, no lock, no atomic; everything else is a tail call. */
-static inline void *heap_malloc(th_heap_t *heap, size_t size) {
+/* The malloc fast path on a heap: a table lookup and a pop, no lock, no atomic; everything else is a tail
+ * call to `slow` (heap_malloc_queue, or operator new's, which adds the new_handler loop). Always inlined
+ * with a constant `slow`, so the call is direct. */
+__attribute__((always_inline)) static inline void *heap_malloc_or(th_heap_t *heap, size_t size,
+                                                                  void *(*slow)(th_heap_t *, size_t)) {
   th_page_t *page;
   /* heap_page_for_size's lookup with the huge case as its last branch: a test of its own before or after the
    * lookup (NULL for huge) cost the pop path 4 instructions. */
   if (th_likely(size <= TH_DIRECT_MAX)) page = heap->direct[(size + 15) >> 4];
   else if (size <= TH_MEDIUM_MAX) page = heap->direct_medium[(size + 255) >> 8];
   else if (size <= TH_LARGE_MAX) page = heap->direct_large[(size + 16383) >> 14];
-  else return heap_malloc_queue(heap, size);
+  else return slow(heap, size);
   if (th_likely(page->free != NULL)) return page_pop(page);
-  return heap_malloc_queue(heap, size);
+  return slow(heap, size);
 }
+
+/* The malloc fast path on a heap (th_malloc on the thread's, th_heap_malloc on an explicit one). */
+static inline void *heap_malloc(th_heap_t *heap, size_t size) { return heap_malloc_or(heap, size, heap_malloc_queue); }
 
 #pragma GCC visibility pop
 

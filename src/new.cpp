@@ -1,8 +1,8 @@
-// new.cpp: the C++ operators new and delete, served by threadheap in TH_OVERRIDE builds (operator new).
-// new asks threadheap, and on failure calls the program's new_handler and tries again, or throws
-// std::bad_alloc when there is none; the nothrow forms return nullptr instead of throwing. The size given to
-// a sized delete is a hint the compiler passes, not a fact: a wrong one must not corrupt the heap, so every
-// delete is th_free, which finds the block's size from its page.
+// new.cpp: the C++ operators new, served by threadheap in TH_OVERRIDE builds (operator new). new asks
+// threadheap, and on failure calls the program's new_handler and tries again, or throws std::bad_alloc when
+// there is none; the nothrow forms return nullptr instead of throwing. The two forms every `new T` calls,
+// new(size_t) and new[](size_t), are defined in alloc.c, the malloc fast path under their C++ names, and come
+// here when it fails (alloc_new_failed); every form of delete is th_free itself (free.c).
 #include <cstddef>
 #include <new>
 
@@ -52,11 +52,6 @@ __attribute__((noinline, cold)) void *new_slow_nothrow(std::size_t size, std::si
   }
 }
 
-inline void *new_plain(std::size_t size) {
-  void *p = th_malloc(size);
-  return __builtin_expect(p != nullptr, 1) ? p : new_slow(size, 0);
-}
-
 inline void *new_aligned(std::size_t size, std::align_val_t alignment) {
   void *p = th_aligned_alloc(static_cast<std::size_t>(alignment), size);
   return __builtin_expect(p != nullptr, 1) ? p : new_slow(size, static_cast<std::size_t>(alignment));
@@ -74,8 +69,9 @@ inline void *new_aligned_nothrow(std::size_t size, std::align_val_t alignment) n
 
 }  // namespace
 
-TH_EXPORT void *operator new(std::size_t size) { return new_plain(size); }
-TH_EXPORT void *operator new[](std::size_t size) { return new_plain(size); }
+// alloc.c's operator new(size_t) and new[](size_t), once the malloc path returned NULL.
+extern "C" void *alloc_new_failed(std::size_t size) { return new_slow(size, 0); }
+
 TH_EXPORT void *operator new(std::size_t size, const std::nothrow_t &) noexcept { return new_plain_nothrow(size); }
 TH_EXPORT void *operator new[](std::size_t size, const std::nothrow_t &) noexcept {
   return new_plain_nothrow(size);
@@ -90,17 +86,3 @@ TH_EXPORT void *operator new(std::size_t size, std::align_val_t alignment, const
 TH_EXPORT void *operator new[](std::size_t size, std::align_val_t alignment, const std::nothrow_t &) noexcept {
   return new_aligned_nothrow(size, alignment);
 }
-
-// Every delete is th_free: aligned blocks are found by their tag, sizes are ignored (see the top).
-TH_EXPORT void operator delete(void *p) noexcept { th_free(p); }
-TH_EXPORT void operator delete[](void *p) noexcept { th_free(p); }
-TH_EXPORT void operator delete(void *p, const std::nothrow_t &) noexcept { th_free(p); }
-TH_EXPORT void operator delete[](void *p, const std::nothrow_t &) noexcept { th_free(p); }
-TH_EXPORT void operator delete(void *p, std::size_t) noexcept { th_free(p); }
-TH_EXPORT void operator delete[](void *p, std::size_t) noexcept { th_free(p); }
-TH_EXPORT void operator delete(void *p, std::align_val_t) noexcept { th_free(p); }
-TH_EXPORT void operator delete[](void *p, std::align_val_t) noexcept { th_free(p); }
-TH_EXPORT void operator delete(void *p, std::align_val_t, const std::nothrow_t &) noexcept { th_free(p); }
-TH_EXPORT void operator delete[](void *p, std::align_val_t, const std::nothrow_t &) noexcept { th_free(p); }
-TH_EXPORT void operator delete(void *p, std::size_t, std::align_val_t) noexcept { th_free(p); }
-TH_EXPORT void operator delete[](void *p, std::size_t, std::align_val_t) noexcept { th_free(p); }
