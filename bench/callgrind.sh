@@ -8,7 +8,8 @@
 #
 # usage: bash bench/callgrind.sh [N]        (default N = 200000)
 # env:   BUILD (default build), TH_LIB (default $BUILD/libthreadheap.so), SIZES (default "16 32 64 128 256 512 1024"),
-#        API (malloc, the default: malloc+free; new: C++'s operator new and sized delete, pairs --new)
+#        API (malloc, the default: malloc+free; new: C++'s operator new and sized delete, pairs --new;
+#        realloc: malloc, a realloc to 8 bytes fewer, free; usable: malloc, malloc_usable_size, free)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD:-build}
@@ -17,7 +18,8 @@ n=${1:-200000}
 sizes=${SIZES:-"16 32 64 128 256 512 1024"}
 api=${API:-malloc}
 case "$api" in malloc) api_flag=() pair="malloc+free" ;; new) api_flag=(--new) pair="new+delete" ;;
-  *) echo "callgrind.sh: API must be malloc or new, not $api" >&2; exit 2 ;; esac
+  realloc) api_flag=(--realloc) pair="malloc+realloc+free" ;; usable) api_flag=(--usable) pair="malloc+usable_size+free" ;;
+  *) echo "callgrind.sh: API must be malloc, new, realloc or usable, not $api" >&2; exit 2 ;; esac
 exe="$build/bin/pairs"
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind not installed (apt-get install valgrind)" >&2; exit 2; }
 [ -x "$exe" ] || { echo "callgrind.sh: $exe not found (run make)" >&2; exit 2; }
@@ -49,4 +51,4 @@ for s in $sizes; do
   done
   printf '\n'
 done
-echo "(instructions per $pair pair; N=$n, difference of N and N/2 pairs)"
+echo "(instructions per $pair; N=$n, difference of N and N/2 pairs)"

@@ -8,7 +8,9 @@
  *           allocator itself scales: 1.0 means as well as code that never touches the allocator.
  *   --count N --size S: exactly N pairs of S bytes and nothing else, for instruction counting
  *           (bench/callgrind.sh).
- *   --new:  the pairs are C++'s operator new and sized delete instead of malloc and free (pairs_new.cpp).
+ *   --new:  the pairs are C++'s operator new and sized delete instead of malloc and free (pairs_new.cpp);
+ *   --realloc, --usable: each malloc+free pair also reallocates its block to 8 bytes fewer (a realloc in
+ *           place for an allocator that keeps it there) or asks its malloc_usable_size.
  *
  * Output: {"experiment":"pairs","mode":"single","size":..,"ns_per_pair":..} and
  * {"experiment":"pairs","mode":"scaling","size":..,"ns_per_pair":..,"speedup":..,"ref_speedup":..,
@@ -17,6 +19,7 @@
 #define _GNU_SOURCE
 #include "bench_common.h"
 
+#include <malloc.h>
 #include <pthread.h>
 
 static const char *prog = "pairs";
@@ -31,15 +34,32 @@ static struct {
 
 static _Thread_local volatile uint64_t ref_sink;
 
-static int use_new; /* --new */
+static enum { API_MALLOC, API_NEW, API_REALLOC, API_USABLE } api; /* --new, --realloc, --usable */
 void pairs_new_loop(size_t size, long n);
 void *volatile *pairs_sink(void);
 void *volatile *pairs_sink(void) { return &bench_sink; }
 
 static void pair_loop(size_t size, long n) {
-  if (use_new) {
-    pairs_new_loop(size, n);
-    return;
+  switch (api) {
+    case API_NEW: pairs_new_loop(size, n); return;
+    case API_REALLOC:
+      for (long i = 0; i < n; i++) {
+        void *p = malloc(size);
+        bench_sink = p;
+        p = realloc(p, size > 8 ? size - 8 : size);
+        bench_sink = p;
+        free(p);
+      }
+      return;
+    case API_USABLE:
+      for (long i = 0; i < n; i++) {
+        void *p = malloc(size);
+        bench_sink = (void *)malloc_usable_size(p);
+        bench_sink = p;
+        free(p);
+      }
+      return;
+    case API_MALLOC: break;
   }
   for (long i = 0; i < n; i++) {
     void *p = malloc(size);
@@ -108,10 +128,13 @@ int main(int argc, char **argv) {
       i++;
     } else if (!strcmp(a, "--count") && v) count = bench_parse_num(prog, v), i++;
     else if (!strcmp(a, "--size") && v) csize = bench_parse_num(prog, v), i++;
-    else if (!strcmp(a, "--new")) use_new = 1;
+    else if (!strcmp(a, "--new")) api = API_NEW;
+    else if (!strcmp(a, "--realloc")) api = API_REALLOC;
+    else if (!strcmp(a, "--usable")) api = API_USABLE;
     else {
-      fprintf(stderr, "usage: pairs [--smoke] [--full] [--seconds S] [--modes single,scaling] [--sizes LIST] [--new]\n"
-                      "       pairs --count N --size BYTES [--new]\n");
+      fprintf(stderr, "usage: pairs [--smoke] [--full] [--seconds S] [--modes single,scaling] [--sizes LIST]\n"
+                      "             [--new | --realloc | --usable]\n"
+                      "       pairs --count N --size BYTES [--new | --realloc | --usable]\n");
       return 2;
     }
   }
