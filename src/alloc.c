@@ -72,9 +72,20 @@ void *alloc_move(th_heap_t *dest, void *p, const th_page_t *page, size_t size) {
 TH_API void *th_realloc(void *p, size_t size) {
   if (p == NULL) return th_malloc(size);
   th_segment_t *seg;
-  th_page_t *page;
-  free_check_block(p, TH_OP_REALLOC, &seg, &page);
-  th_heap_t *pool = vg_realloc_begin(p); /* explicit heaps under valgrind (TH_VALGRIND); nothing otherwise */
+  th_page_t *page = block_page_fast(p);
+  if (th_likely(page != NULL)) {
+    /* A live block start of a default-mode page: its usable size is its block's, and it stays in place
+     * under alloc_realloc_checked's rule, here without its other cases (none applies to such a block). */
+    size_t usable = page->block_size;
+    if (size <= usable && size >= usable / 2 && size != 0) {
+      th_heap_t *pool = vg_realloc_begin(p); /* explicit heaps under valgrind (TH_VALGRIND); nothing otherwise */
+      return vg_realloc_end(pool, p, p, size);
+    }
+    seg = segment_of_page(page);
+  } else {
+    free_check_block(p, TH_OP_REALLOC, &seg, &page);
+  }
+  th_heap_t *pool = vg_realloc_begin(p);
   return vg_realloc_end(pool, p, alloc_realloc_checked(p, seg, page, size), size);
 }
 

@@ -129,7 +129,6 @@ th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind);
 void segment_page_free(th_heap_t *heap, th_page_t *page);
 void segment_page_free_kept(th_heap_t *heap, th_page_t *page);
 void segment_release_unused(th_heap_t *heap);
-th_segment_t *segment_of_page(const th_page_t *page);
 size_t segment_header_size(size_t page_count, bool secure);
 th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure);
 void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched, bool secure);
@@ -417,6 +416,11 @@ static inline th_page_t *segment_page_of(th_segment_t *seg, const void *p) {
   return (th_page_t *)((uint8_t *)seg->pages + (((uintptr_t)p >> seg->page_index_shift) & seg->page_index_mask));
 }
 
+/* A page descriptor's segment: descriptors live in their segment's header, in its first region. */
+static inline th_segment_t *segment_of_page(const th_page_t *page) {
+  return (th_segment_t *)((uintptr_t)page & ~(uintptr_t)(TH_SEGMENT_SIZE - 1));
+}
+
 /* Remote frees into a page: a chain of n blocks one thread freed, head to tail (one block, or free.c's
  * remote batch), pushed with one CAS when the page is not parked as full (state NORMAL or NOTIFIED);
  * page_push_remote_chain handles the rest and retries. */
@@ -479,6 +483,20 @@ static inline bool page_is_block_owner(const th_page_t *page, const void *p) {
  * the block up in the page's lists before it reports anything. */
 #define TH_FREE_TAG_OFFSET ((uintptr_t)0x6b43a9b5)
 static inline uintptr_t free_tag(const void *block) { return (uintptr_t)block + TH_FREE_TAG_OFFSET; }
+
+/* The checks free_check_block makes, made as th_free's fast path makes them, for the entry points that look
+ * a block up without freeing it (realloc, malloc_usable_size): p in a region whose map entry is 1 (no secure
+ * or sampled segment, whose entries are TH_MAP_SLOW), the start of a block its page has carved (a free page
+ * slot and a huge block have capacity 0), not tagged free. Its page; NULL when a test fails (NULL
+ * included), and free_check_block then decides, and reports. Any thread: capacity is read atomically. */
+static inline th_page_t *block_page_fast(const void *p) {
+  uintptr_t region = (uintptr_t)p >> TH_SEGMENT_SHIFT;
+  if (th_unlikely(region >= TH_MAP_ENTRIES) || atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) != 1)
+    return NULL;
+  th_page_t *page = segment_page_of((th_segment_t *)((uintptr_t)p & ~(TH_SEGMENT_SIZE - 1)), p);
+  if (th_unlikely(!page_is_block(page, p) || ((const th_block_t *)p)->tag == free_tag(p))) return NULL;
+  return page;
+}
 
 /* Offset of p from the block that holds it: 0 for a block start. Multiply-shift, no division. */
 static inline size_t page_block_offset(const th_page_t *page, const void *p) {

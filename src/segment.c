@@ -87,10 +87,6 @@ size_t segment_header_size(size_t page_count, bool secure) {
   return secure ? align_up(meta, os_page_size()) + os_page_size() : align_up(meta, 256);
 }
 
-th_segment_t *segment_of_page(const th_page_t *page) {
-  return (th_segment_t *)((uintptr_t)page & ~(uintptr_t)(TH_SEGMENT_SIZE - 1));
-}
-
 /* ---- the cache */
 
 static void cache_unlink(th_segment_t *seg) {
