@@ -10,7 +10,8 @@
  *           (bench/callgrind.sh).
  *   --new:  the pairs are C++'s operator new and sized delete instead of malloc and free (pairs_new.cpp);
  *   --realloc, --usable: each malloc+free pair also reallocates its block to 8 bytes fewer (a realloc in
- *           place for an allocator that keeps it there) or asks its malloc_usable_size.
+ *           place for an allocator that keeps it there) or asks its malloc_usable_size;
+ *   --calloc: the pairs are calloc(1, size) and free.
  *
  * Output: {"experiment":"pairs","mode":"single","size":..,"ns_per_pair":..} and
  * {"experiment":"pairs","mode":"scaling","size":..,"ns_per_pair":..,"speedup":..,"ref_speedup":..,
@@ -34,7 +35,7 @@ static struct {
 
 static _Thread_local volatile uint64_t ref_sink;
 
-static enum { API_MALLOC, API_NEW, API_REALLOC, API_USABLE } api; /* --new, --realloc, --usable */
+static enum { API_MALLOC, API_NEW, API_REALLOC, API_USABLE, API_CALLOC } api; /* --new, --realloc, ... */
 void pairs_new_loop(size_t size, long n);
 void *volatile *pairs_sink(void);
 void *volatile *pairs_sink(void) { return &bench_sink; }
@@ -55,6 +56,13 @@ static void pair_loop(size_t size, long n) {
       for (long i = 0; i < n; i++) {
         void *p = malloc(size);
         bench_sink = (void *)malloc_usable_size(p);
+        bench_sink = p;
+        free(p);
+      }
+      return;
+    case API_CALLOC:
+      for (long i = 0; i < n; i++) {
+        void *p = calloc(1, size);
         bench_sink = p;
         free(p);
       }
@@ -131,10 +139,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--new")) api = API_NEW;
     else if (!strcmp(a, "--realloc")) api = API_REALLOC;
     else if (!strcmp(a, "--usable")) api = API_USABLE;
+    else if (!strcmp(a, "--calloc")) api = API_CALLOC;
     else {
       fprintf(stderr, "usage: pairs [--smoke] [--full] [--seconds S] [--modes single,scaling] [--sizes LIST]\n"
-                      "             [--new | --realloc | --usable]\n"
-                      "       pairs --count N --size BYTES [--new | --realloc | --usable]\n");
+                      "             [--new | --realloc | --usable | --calloc]\n"
+                      "       pairs --count N --size BYTES [--new | --realloc | --usable | --calloc]\n");
       return 2;
     }
   }
