@@ -58,6 +58,18 @@ __attribute__((constructor)) static void check_init(void) { setvbuf(stdout, NULL
 
 static inline long check_failures(void) { return __atomic_load_n(&check_failed_count, __ATOMIC_RELAXED); }
 
+/* A field of /proc/self/statm in bytes: 0 the process's virtual size, 1 its resident size (VmRSS); 0 when
+ * it cannot be read. */
+static inline size_t check_statm_bytes(int field) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  unsigned long v[2] = {0, 0};
+  if (f) {
+    if (fscanf(f, "%lu %lu", &v[0], &v[1]) != 2) v[0] = v[1] = 0;
+    fclose(f);
+  }
+  return (size_t)v[field] * (size_t)sysconf(_SC_PAGESIZE);
+}
+
 static inline int check_summary(void) {
   long passed = __atomic_load_n(&check_passed_count, __ATOMIC_RELAXED);
   long failed = __atomic_load_n(&check_failed_count, __ATOMIC_RELAXED);

@@ -115,16 +115,7 @@ static void *worker(void *arg) {
 }
 
 /* Resident memory in KiB, printed next to the allocator's own count as a cross-check. */
-static long rss_kib(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  if (!f) return -1;
-  char line[256];
-  long kib = -1;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
-  fclose(f);
-  return kib;
-}
+static long rss_kib(void) { return (long)(check_statm_bytes(1) / 1024); }
 
 static size_t committed(void) {
   th_stats_t st;

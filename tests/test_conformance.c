@@ -340,15 +340,7 @@ static void test_errno(void) {
 
 /* ---- low RLIMIT_AS, in a child */
 
-static size_t vm_size(void) {
-  FILE *f = fopen("/proc/self/statm", "r");
-  unsigned long pages = 0;
-  if (f) {
-    if (fscanf(f, "%lu", &pages) != 1) pages = 0;
-    fclose(f);
-  }
-  return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
-}
+static size_t vm_size(void) { return check_statm_bytes(0); }
 
 /* Allocates blocks of one size until NULL under the limit; returns how many it got (0 on a wrong errno). */
 static size_t fill_until_null(void **slots, size_t max, size_t n, int *bad) {

@@ -115,15 +115,7 @@ static void *exchanger(void *arg) {
   return NULL;
 }
 
-static size_t rss_bytes(void) {
-  FILE *f = fopen("/proc/self/statm", "r");
-  unsigned long size = 0, resident = 0;
-  if (f) {
-    if (fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
-    fclose(f);
-  }
-  return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
-}
+static size_t rss_bytes(void) { return check_statm_bytes(1); }
 
 static void test_sparse(void) {
   enum { N = 200, KEEP = 25 };
