@@ -9,7 +9,8 @@
 # usage: bash bench/callgrind.sh [N]        (default N = 200000)
 # env:   BUILD (default build), TH_LIB (default $BUILD/libthreadheap.so), SIZES (default "16 32 64 128 256 512 1024"),
 #        API (malloc, the default: malloc+free; new: C++'s operator new and sized delete, pairs --new;
-#        realloc: malloc, a realloc to 8 bytes fewer, free; usable: malloc, malloc_usable_size, free;
+#        realloc: malloc, a realloc to 8 bytes fewer, free; grow: the same with a realloc to twice the size;
+#        usable: malloc, malloc_usable_size, free;
 #        calloc: calloc(1, size) and free)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,9 +20,9 @@ n=${1:-200000}
 sizes=${SIZES:-"16 32 64 128 256 512 1024"}
 api=${API:-malloc}
 case "$api" in malloc) api_flag=() pair="malloc+free" ;; new) api_flag=(--new) pair="new+delete" ;;
-  realloc) api_flag=(--realloc) pair="malloc+realloc+free" ;; usable) api_flag=(--usable) pair="malloc+usable_size+free" ;;
+  realloc) api_flag=(--realloc) pair="malloc+realloc+free" ;; grow) api_flag=(--grow) pair="malloc+realloc(2x)+free" ;; usable) api_flag=(--usable) pair="malloc+usable_size+free" ;;
   calloc) api_flag=(--calloc) pair="calloc+free" ;;
-  *) echo "callgrind.sh: API must be malloc, new, realloc, usable or calloc, not $api" >&2; exit 2 ;; esac
+  *) echo "callgrind.sh: API must be malloc, new, realloc, grow, usable or calloc, not $api" >&2; exit 2 ;; esac
 exe="$build/bin/pairs"
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind not installed (apt-get install valgrind)" >&2; exit 2; }
 [ -x "$exe" ] || { echo "callgrind.sh: $exe not found (run make)" >&2; exit 2; }

@@ -9,8 +9,9 @@
  *   --count N --size S: exactly N pairs of S bytes and nothing else, for instruction counting
  *           (bench/callgrind.sh).
  *   --new:  the pairs are C++'s operator new and sized delete instead of malloc and free (pairs_new.cpp);
- *   --realloc, --usable: each malloc+free pair also reallocates its block to 8 bytes fewer (a realloc in
- *           place for an allocator that keeps it there) or asks its malloc_usable_size;
+ *   --realloc, --grow, --usable: each malloc+free pair also reallocates its block to 8 bytes fewer (a
+ *           realloc in place for an allocator that keeps it there) or to twice its size (a move), or asks its
+ *           malloc_usable_size;
  *   --calloc: the pairs are calloc(1, size) and free.
  *
  * Output: {"experiment":"pairs","mode":"single","size":..,"ns_per_pair":..} and
@@ -35,7 +36,7 @@ static struct {
 
 static _Thread_local volatile uint64_t ref_sink;
 
-static enum { API_MALLOC, API_NEW, API_REALLOC, API_USABLE, API_CALLOC } api; /* --new, --realloc, ... */
+static enum { API_MALLOC, API_NEW, API_REALLOC, API_GROW, API_USABLE, API_CALLOC } api; /* --new, --realloc, ... */
 void pairs_new_loop(size_t size, long n);
 void *volatile *pairs_sink(void);
 void *volatile *pairs_sink(void) { return &bench_sink; }
@@ -44,10 +45,11 @@ static void pair_loop(size_t size, long n) {
   switch (api) {
     case API_NEW: pairs_new_loop(size, n); return;
     case API_REALLOC:
+    case API_GROW:
       for (long i = 0; i < n; i++) {
         void *p = malloc(size);
         bench_sink = p;
-        p = realloc(p, size > 8 ? size - 8 : size);
+        p = realloc(p, api == API_GROW ? 2 * size : size > 8 ? size - 8 : size);
         bench_sink = p;
         free(p);
       }
@@ -138,12 +140,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--size") && v) csize = bench_parse_num(prog, v), i++;
     else if (!strcmp(a, "--new")) api = API_NEW;
     else if (!strcmp(a, "--realloc")) api = API_REALLOC;
+    else if (!strcmp(a, "--grow")) api = API_GROW;
     else if (!strcmp(a, "--usable")) api = API_USABLE;
     else if (!strcmp(a, "--calloc")) api = API_CALLOC;
     else {
       fprintf(stderr, "usage: pairs [--smoke] [--full] [--seconds S] [--modes single,scaling] [--sizes LIST]\n"
-                      "             [--new | --realloc | --usable | --calloc]\n"
-                      "       pairs --count N --size BYTES [--new | --realloc | --usable | --calloc]\n");
+                      "             [--new | --realloc | --grow | --usable | --calloc]\n"
+                      "       pairs --count N --size BYTES [--new | --realloc | --grow | --usable | --calloc]\n");
       return 2;
     }
   }
