@@ -58,35 +58,53 @@ TH_API void *th_calloc(size_t count, size_t size) {
   return p;
 }
 
-/* A copy of p's first size bytes (at most its usable size) in a new block of dest (NULL: this thread's
- * default heap), then p freed; NULL with p left as it was when there is no room. */
-void *alloc_move(th_heap_t *dest, void *p, const th_page_t *page, size_t size) {
+/* A copy of p's first size bytes (at most usable, its usable size) in a new block of dest (NULL: this
+ * thread's default heap), then p freed; NULL with p left as it was when there is no room. */
+static inline void *alloc_move_usable(th_heap_t *dest, void *p, size_t usable, size_t size) {
   void *q = dest ? th_heap_malloc(dest, size) : th_malloc(size);
   if (q == NULL) return NULL;
-  size_t usable = free_usable_size(page, p);
   memcpy(q, p, size < usable ? size : usable);
   th_free(p);
   return q;
 }
 
-TH_API void *th_realloc(void *p, size_t size) {
-  if (p == NULL) return th_malloc(size);
+void *alloc_move(th_heap_t *dest, void *p, const th_page_t *page, size_t size) {
+  return alloc_move_usable(dest, p, free_usable_size(page, p), size);
+}
+
+/* th_realloc past its in-place case: page is p's when block_page_fast found it (a live block start of a
+ * default-mode page, whose usable size is its block's), NULL when the full checks must decide. */
+TH_NOINLINE static void *realloc_move(void *p, th_page_t *page, size_t size) {
   th_segment_t *seg;
-  th_page_t *page = block_page_fast(p);
-  if (th_likely(page != NULL)) {
-    /* A live block start of a default-mode page: its usable size is its block's, and it stays in place
-     * under alloc_realloc_checked's rule, here without its other cases (none applies to such a block). */
-    size_t usable = page->block_size;
-    if (size <= usable && size >= usable / 2 && size != 0) {
-      th_heap_t *pool = vg_realloc_begin(p); /* explicit heaps under valgrind (TH_VALGRIND); nothing otherwise */
-      return vg_realloc_end(pool, p, p, size);
-    }
+  if (page != NULL) {
     seg = segment_of_page(page);
+    /* A thread heap's block (or an abandoned one) moves to this thread's heap, as alloc_realloc_checked
+     * would move it, with the usable size known; an explicit heap's goes on there, which keeps it home. */
+    th_heap_t *home = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+    if (size != 0 && (home == NULL || !heap_is_explicit(home))) {
+      th_heap_t *pool = vg_realloc_begin(p); /* explicit heaps under valgrind (TH_VALGRIND); nothing otherwise */
+      return vg_realloc_end(pool, p, alloc_move_usable(NULL, p, page->block_size, size), size);
+    }
   } else {
     free_check_block(p, TH_OP_REALLOC, &seg, &page);
   }
   th_heap_t *pool = vg_realloc_begin(p);
   return vg_realloc_end(pool, p, alloc_realloc_checked(p, seg, page, size), size);
+}
+
+TH_API void *th_realloc(void *p, size_t size) {
+  if (p == NULL) return th_malloc(size);
+  th_page_t *page = block_page_fast(p);
+  if (th_likely(page != NULL)) {
+    /* In place under alloc_realloc_checked's rule (at most the block, at least half of it), here without
+     * its other cases, none of which applies to such a block. */
+    size_t usable = page->block_size;
+    if (size <= usable && size >= usable / 2 && size != 0) {
+      th_heap_t *pool = vg_realloc_begin(p);
+      return vg_realloc_end(pool, p, p, size);
+    }
+  }
+  return realloc_move(p, page, size);
 }
 
 /* th_realloc of a block free_check_block has passed. */
