@@ -57,6 +57,9 @@ TH_API void *th_calloc(size_t count, size_t size) {
   if (p) memset(p, 0, total);
   return p;
 }
+#ifdef TH_OVERRIDE
+TH_API TH_MALLOC_ATTR void *calloc(size_t count, size_t size) __attribute__((alias("th_calloc")));
+#endif
 
 /* A copy of p's first size bytes (at most usable, its usable size) in a new block of dest (NULL: this
  * thread's default heap), then p freed; NULL with p left as it was when there is no room. */
@@ -106,6 +109,9 @@ TH_API void *th_realloc(void *p, size_t size) {
   }
   return realloc_move(p, page, size);
 }
+#ifdef TH_OVERRIDE
+TH_API void *realloc(void *p, size_t size) __attribute__((alias("th_realloc")));
+#endif
 
 /* th_realloc of a block free_check_block has passed. */
 void *alloc_realloc_checked(void *p, th_segment_t *seg, th_page_t *page, size_t size) {

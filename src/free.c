@@ -327,6 +327,9 @@ TH_API size_t th_usable_size(const void *p) {
   if (th_likely(page != NULL)) return page->block_size; /* a block start: its whole block */
   return usable_size_checked(p);
 }
+#ifdef TH_OVERRIDE
+TH_API size_t malloc_usable_size(void *p) __attribute__((alias("th_usable_size")));
+#endif
 
 /* ---- messages: one line on stderr, written with write(2) and no allocation, then abort() */
 

@@ -20,16 +20,14 @@ const char override_anchor = 1;
 
 #define TH_EXPORT __attribute__((visibility("default")))
 
-/* malloc and free are aliases of th_malloc and th_free, defined beside them. */
-TH_EXPORT void *calloc(size_t count, size_t size) { return th_calloc(count, size); }
-TH_EXPORT void *realloc(void *p, size_t size) { return th_realloc(p, size); }
+/* malloc, calloc, realloc, free and malloc_usable_size are aliases of their th_ functions, defined beside
+ * them: a wrapper here reached them through the PLT, two jumps more. */
 TH_EXPORT void *reallocarray(void *p, size_t count, size_t size) { return th_reallocarray(p, count, size); }
 TH_EXPORT void *aligned_alloc(size_t alignment, size_t size) { return th_aligned_alloc(alignment, size); }
 TH_EXPORT int posix_memalign(void **out, size_t alignment, size_t size) {
   return th_posix_memalign(out, alignment, size);
 }
 TH_EXPORT void *memalign(size_t alignment, size_t size) { return th_memalign(alignment, size); }
-TH_EXPORT size_t malloc_usable_size(void *p) { return th_usable_size(p); }
 
 TH_EXPORT void *valloc(size_t size) { return th_memalign(os_page_size(), size); }
 
