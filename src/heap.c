@@ -308,12 +308,7 @@ static void heap_sweep_ready(th_heap_t *heap) {
     }
     page = next;
   }
-  if (keep == NULL) return;
-  th_page_t *top = atomic_load_explicit(&heap->ready, memory_order_relaxed);
-  do {
-    keep_last->ready_next = top;
-  } while (!atomic_compare_exchange_weak_explicit(&heap->ready, &top, keep, memory_order_release,
-                                                  memory_order_relaxed));
+  if (keep != NULL) heap_ready_push(heap, keep, keep_last);
 }
 
 /* A sweeper's pass over a thread heap, which sweep.c holds: its owner is in none of its slow paths. The

@@ -421,6 +421,16 @@ static inline th_segment_t *segment_of_page(const th_page_t *page) {
   return (th_segment_t *)((uintptr_t)page & ~(uintptr_t)(TH_SEGMENT_SIZE - 1));
 }
 
+/* Pages first..last (linked by ready_next) onto the heap's ready stack, which any thread may push to and only
+ * its owner, or a sweeper holding the heap, takes whole. */
+static inline void heap_ready_push(th_heap_t *heap, th_page_t *first, th_page_t *last) {
+  th_page_t *top = atomic_load_explicit(&heap->ready, memory_order_relaxed);
+  do {
+    last->ready_next = top;
+  } while (!atomic_compare_exchange_weak_explicit(&heap->ready, &top, first, memory_order_release,
+                                                  memory_order_relaxed));
+}
+
 /* Remote frees into a page: a chain of n blocks one thread freed, head to tail (one block, or free.c's
  * remote batch), pushed with one CAS when the page is not parked as full (state NORMAL or NOTIFIED);
  * page_push_remote_chain handles the rest and retries. */

@@ -248,11 +248,7 @@ void page_push_remote_chain(th_page_t *page, th_block_t *head, th_block_t *tail,
         continue;
       /* While FREEING, the owner cannot abandon the heap (page_clear_delay waits), so heap stays valid. */
       th_heap_t *heap = atomic_load_explicit(&segment_of_page(page)->heap, memory_order_acquire);
-      th_page_t *top = atomic_load_explicit(&heap->ready, memory_order_relaxed);
-      do {
-        page->ready_next = top;
-      } while (!atomic_compare_exchange_weak_explicit(&heap->ready, &top, page, memory_order_release,
-                                                      memory_order_relaxed));
+      heap_ready_push(heap, page, page);
       tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
       do {
         tail->next = tf_block(tf);
