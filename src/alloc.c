@@ -75,6 +75,10 @@ void *alloc_move(th_heap_t *dest, void *p, const th_page_t *page, size_t size) {
   return alloc_move_usable(dest, p, free_usable_size(page, p), size);
 }
 
+/* A realloc to size bytes of a block with usable bytes stays in place while the block is big enough and not
+ * more than twice too big (never for size 0: every block has at least 16 usable bytes). */
+static inline bool realloc_fits(size_t size, size_t usable) { return size <= usable && size >= usable / 2; }
+
 /* th_realloc past its in-place case: page is p's when block_page_fast found it (a live block start of a
  * default-mode page, whose usable size is its block's), NULL when the full checks must decide. */
 TH_NOINLINE static void *realloc_move(void *p, th_page_t *page, size_t size) {
@@ -99,10 +103,9 @@ TH_API void *th_realloc(void *p, size_t size) {
   if (p == NULL) return th_malloc(size);
   th_page_t *page = block_page_fast(p);
   if (th_likely(page != NULL)) {
-    /* In place under alloc_realloc_checked's rule (at most the block, at least half of it), here without
-     * its other cases, none of which applies to such a block. */
-    size_t usable = page->block_size;
-    if (size <= usable && size >= usable / 2 && size != 0) {
+    /* In place under alloc_realloc_checked's rule, here without its other cases, none of which applies to
+     * such a block. */
+    if (realloc_fits(size, page->block_size)) {
       th_heap_t *pool = vg_realloc_begin(p);
       return vg_realloc_end(pool, p, p, size);
     }
@@ -143,8 +146,7 @@ void *alloc_realloc_checked(void *p, th_segment_t *seg, th_page_t *page, size_t 
     }
     return explicit_huge_realloc(home, seg, p, size);
   }
-  /* In place while the block is big enough and not more than twice too big. */
-  if (size <= usable && size >= usable / 2 && !secure) return p;
+  if (!secure && realloc_fits(size, usable)) return p;
   return alloc_move(home ? heap_outer(home) : NULL, p, page, size);
 }
 
