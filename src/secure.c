@@ -27,7 +27,7 @@
 #include "os.h"
 
 #define TRAILER 4       /* bytes at the end of each block: the size asked for, encoded */
-#define CANARY 8        /* canary bytes past the size asked for in a heap page's block, at most */
+#define CANARY 4        /* canary bytes past the size asked for in a heap page's block, at most */
 #define HUGE_CANARY 64  /* and past a huge block, up to the end of its last OS page */
 /* Frees of a class before a freed block of it is handed out again; fewer for large blocks (up to 1 MiB
  * each), which the quarantine would otherwise hold by the tens of megabytes. Powers of two: a ring's
@@ -93,19 +93,14 @@ static inline uint8_t *block_trailer(const th_page_t *page, const void *b) {
   return (uint8_t *)b + page->block_size - TRAILER;
 }
 
-/* A block of the page handed out for n bytes: its canary and trailer. The canary is stored whole, 8 bytes
- * when the slack has at least 4 (it may run into the trailer, written after it) and 4 otherwise: a store
- * or two, never past the block. */
+/* A block of the page handed out for n bytes: its canary and trailer. The canary is stored whole, the
+ * trailer after it, over the canary's last bytes when the slack is shorter than CANARY: two stores, never
+ * past the block, and no branch on the size (a program of random sizes would mispredict it). */
 static inline void block_mark(const th_page_t *page, uint8_t *b, size_t n) {
   uint64_t secret = block_secret(page, b);
-  uint8_t *c = b + n, *t = block_trailer(page, b);
-  uint64_t w = canary_word(secret);
-  if (t - c >= 4) {
-    memcpy(c, &w, 8);
-  } else {
-    uint32_t w4 = (uint32_t)w;
-    memcpy(c, &w4, 4);
-  }
+  uint8_t *t = block_trailer(page, b);
+  uint32_t w = (uint32_t)canary_word(secret);
+  memcpy(b + n, &w, CANARY);
   uint32_t v = __builtin_bswap32((uint32_t)n ^ trailer_key(secret)); /* most significant byte first */
   memcpy(t, &v, 4);
 }
@@ -125,21 +120,15 @@ static inline size_t block_size_asked(const th_page_t *page, const uint8_t *b, u
   return n <= page->block_size - TRAILER ? n : SIZE_MAX;
 }
 
-/* Are the first CANARY bytes past b + n (fewer when the trailer comes sooner) as block_mark left them? */
+/* Are the first CANARY bytes past b + n (fewer when the trailer comes sooner) as block_mark left them?
+ * Compared under a mask rather than after a branch on the slack, as block_mark writes them. */
 static inline bool canary_intact(const th_page_t *page, const uint8_t *b, size_t n, uint64_t secret) {
   const uint8_t *c = b + n;
   size_t slack = (size_t)(block_trailer(page, b) - c);
-  uint64_t w = canary_word(secret), x;
-  if (slack >= 4) {
-    memcpy(&x, c, 8);
-    x ^= w;
-  } else {
-    uint32_t y;
-    memcpy(&y, c, 4);
-    x = y ^ (uint32_t)w;
-  }
-  if (slack < CANARY) x &= ((uint64_t)1 << (8 * slack)) - 1; /* the bytes past the slack are the trailer's */
-  return x == 0;
+  size_t k = slack < CANARY ? slack : CANARY; /* the bytes past the slack are the trailer's */
+  uint32_t x;
+  memcpy(&x, c, CANARY);
+  return ((x ^ (uint32_t)canary_word(secret)) & (((uint64_t)1 << (8 * k)) - 1)) == 0;
 }
 
 static size_t usable_from(const uint8_t *b, size_t n, const void *p) {
