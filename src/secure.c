@@ -333,6 +333,8 @@ typedef struct ring_s {
   chain_t *chain;   /* its chains (th_secure_heap_t.chains), the oldest at first % CHAINS */
   uint32_t first, count;
   uint32_t chained; /* blocks that entered in chains, ever */
+  uint32_t outs;    /* blocks malloc handed out from its chains, ever */
+  uint32_t outs_seen; /* outs at the heap's last purge round */
 } ring_t;
 
 /* The frees of the ring's class that entered the quarantine, ever (modulo 2^32). */
@@ -444,9 +446,12 @@ static void chain_enter(th_heap_t *heap, chain_t ch) {
   if (old.n) chain_release(heap, old);
 }
 
-/* Chains that have served their time, past the oldest, go back to their pages: malloc hands out from the
- * oldest, and more would hold pages' worth of blocks in a class the thread may never allocate again (a
- * main thread whose workers free what it once allocated held 64 chains of such a class for good). */
+/* Chains that have served their time, past the oldest, go back to their pages, at a purge round that found
+ * no block handed out from the class's chains since the last one: more would hold pages' worth of blocks
+ * in a class the thread may not allocate again (a main thread whose workers free what it once allocated
+ * held 64 chains of such a class for good). Not sooner: a chain goes back block by block, each block read
+ * (a cache miss: another core wrote it), where malloc takes them one at a time anyway; trimming as each
+ * chain entered took a quarter of xmalloc-test's time in secure mode. */
 static void ring_trim(th_heap_t *heap, ring_t *r) {
   while (r->count >= 2 && chain_served(r, 1)) chain_release(heap, chain_shift(r));
 }
@@ -459,7 +464,6 @@ static void incoming_enter(th_heap_t *heap) {
   while (q->npending) {
     chain_t ch = q->pending[--q->npending];
     chain_enter(heap, ch);
-    ring_trim(heap, &q->ring[ch.page->class_idx]);
   }
   th_block_t *b = q->incoming;
   q->incoming = NULL;
@@ -482,10 +486,10 @@ static void collect_remote(th_heap_t *heap) {
 
 /* Remote frees of class c enter the quarantine, page by page from the front of its queue, until the class's
  * oldest chain has served its time: a chain a page, and collecting every page at once (hundreds, where
- * threads free what this one allocates) would send most chains back to their pages block by block
- * (ring_trim). The chain of each page enters at once, and no block leaves while the queue is walked: while
- * the oldest has not served its time the ring is not full (a full ring's oldest has CHAINS - 1 frees or
- * more behind it), and the trim waits for the walk's end. */
+ * threads free what this one allocates) would fill the ring and send the oldest chains back to their pages
+ * block by block (chain_enter). The chain of each page enters at once, and no block leaves while the queue
+ * is walked: while the oldest has not served its time the ring is not full (a full ring's oldest has
+ * CHAINS - 1 frees or more behind it). */
 static void collect_class(th_heap_t *heap, size_t c) {
   heap_collect_ready(heap);
   incoming_enter(heap);
@@ -495,7 +499,6 @@ static void collect_class(th_heap_t *heap, size_t c) {
     page_collect(page);
     if (q->npending) chain_enter(heap, q->pending[--q->npending]);
   }
-  ring_trim(heap, r);
 }
 
 /* Every block of the ring back to its page. */
@@ -514,13 +517,26 @@ static void ring_flush(th_heap_t *heap, ring_t *r) {
 #define QUIET_ROUNDS 4
 
 /* heap_purge's round (not a forced one): remote frees into the quarantine, so that their pages are not freed
- * with them; the rings of classes that saw no free for QUIET_ROUNDS rounds back to their pages. */
+ * with them, and the chains past the oldest back to their pages, for each class that malloc took no block
+ * of a chain from since the last round (a class that malloc takes chains of collects its pages as it needs
+ * them, collect_class: collecting them all here filled its ring, whose oldest chains then went back block
+ * by block); the rings of classes that saw no free for QUIET_ROUNDS rounds back to their pages. */
 void secure_purge(th_heap_t *heap) {
-  collect_remote(heap);
   th_secure_heap_t *q = heap->secure;
-  if (!q->on) return;
+  if (!q->on) {
+    collect_remote(heap);
+    return;
+  }
+  heap_collect_ready(heap);
+  incoming_enter(heap);
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
     ring_t *r = &q->ring[c];
+    if (r->outs == r->outs_seen) {
+      for (th_page_t *page = heap->queues[c].first; page; page = page->next) page_collect(page);
+      incoming_enter(heap);
+      ring_trim(heap, r);
+    }
+    r->outs_seen = r->outs;
     if (ring_frees(r) != r->seen) {
       r->seen = ring_frees(r);
       r->quiet = 0;
@@ -619,6 +635,7 @@ static inline void *chain_out(th_heap_t *heap, ring_t *r, size_t c, size_t size,
   if (zero) check_zero(page, b);
   b->tag = 0;
   if (ch->n == 0) (void)chain_shift(r);
+  r->outs++;
   heap_count_frees(heap, c, 1);
   block_mark(page, (uint8_t *)b, size);
   return b;

@@ -411,6 +411,39 @@ static void test_remote_delay(int serialized) {
   th_heap_destroy(h);
 }
 
+/* Blocks another thread freed, of a class this thread no longer allocates, do not stay on their pages'
+ * remote stacks or in the quarantine for good: the heap's purge rounds (driven here by this thread's
+ * mallocs and frees of another class) collect them, send them back to their pages and free the pages. The
+ * heap holds them meanwhile as blocks in use (collected, in the quarantine) or free in pages in use (on the
+ * remote stacks). */
+enum { BOUNDED_N = 100000, BOUNDED_SIZE = 48 };
+static void *g_bounded[BOUNDED_N];
+static void *free_bounded(void *arg) {
+  (void)arg;
+  for (int i = 0; i < BOUNDED_N; i++) th_free(g_bounded[i]);
+  return NULL;
+}
+static void test_remote_bounded(void) {
+  th_heap_t *h = th_heap_create(TH_HEAP_NO_SERIALIZE, 0, 0);
+  if (!CHECK(h != NULL)) return;
+  for (int i = 0; i < BOUNDED_N; i++)
+    if (!CHECK((g_bounded[i] = th_heap_malloc(h, BOUNDED_SIZE)) != NULL)) return;
+  th_stats_t st;
+  if (!CHECK(th_heap_stats_get(h, &st) == 0)) return;
+  size_t before = st.in_use + st.free_in_pages;
+  run_on_thread(free_bounded, NULL);
+  /* Purge rounds come at most every quarter of the purge delay (50 ms by default): a few seconds at most. */
+  for (int round = 0; round < 2000; round++) {
+    for (int i = 0; i < 4096; i++) th_free(th_heap_malloc(h, 1000));
+    if (!CHECK(th_heap_stats_get(h, &st) == 0)) return;
+    if (st.in_use + st.free_in_pages < MiB) break;
+  }
+  CHECK_MSG(st.in_use + st.free_in_pages < MiB,
+            "blocks freed by another thread still held: %zu bytes in use, %zu free in pages; %zu before their frees",
+            st.in_use, st.free_in_pages, before);
+  th_heap_destroy(h);
+}
+
 /* THREADHEAP_SECURE=2: a freed block is zero past its two list words (up to its 4-byte trailer). */
 static void test_zero_on_free(void) {
   unsigned char *p = th_malloc(100);
@@ -488,6 +521,7 @@ int main(void) {
   stop("overflow past a block of a thread started before the constructors", c_overflow_early, 0, 0, NULL);
   test_remote_delay(0);
   test_remote_delay(1);
+  test_remote_bounded();
   test_random_order();
   test_delayed_reuse();
   test_sizes();
