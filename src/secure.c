@@ -77,10 +77,11 @@ static inline th_block_t *link_code(const th_page_t *page, th_block_t *const *sl
   return (th_block_t *)((uintptr_t)link ^ page->secure_key ^ (uintptr_t)slot);
 }
 
-/* A block's secret, from its address and its page's key: one multiply, folded. */
+/* A block's secret, from its address and its page's random key: one multiply by a 32-bit odd constant (an
+ * immediate operand), so that each bit of the secret depends on the key's and the address's bits below it
+ * and the trailer's key (the top half) on all of the low half. */
 static inline uint64_t block_secret(const th_page_t *page, const void *b) {
-  __uint128_t m = (__uint128_t)((uintptr_t)b ^ page->secure_key) * 0x9e3779b97f4a7c15ull;
-  return (uint64_t)(m >> 64) ^ (uint64_t)m;
+  return ((uintptr_t)b ^ page->secure_key) * 0x7feb352dull;
 }
 static inline uint64_t huge_secret(const void *b) { return mix64(secure_key ^ (uintptr_t)b); }
 static inline uint32_t trailer_key(uint64_t secret) { return (uint32_t)(secret >> 32) | 0x01000000u; }
