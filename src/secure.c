@@ -325,8 +325,15 @@ typedef struct chain_s {
 #define CHAINS 64
 _Static_assert(CHAINS > DELAY && (CHAINS & (CHAINS - 1)) == 0, "a ring of chains outlasts the delay");
 
+/* A block in the quarantine, with its page: leaving, it goes back to that page's list, and its address alone
+ * would need its segment's header read first (often a cache miss by then). */
+typedef struct held_s {
+  th_block_t *block;
+  th_page_t *page;
+} held_t;
+
 typedef struct ring_s {
-  th_block_t *slot[DELAY];
+  held_t slot[DELAY];
   uint32_t pushed;  /* blocks that entered the slots, ever: the oldest, next to be reused, is pushed & mask */
   uint32_t mask;    /* slots - 1: the delay, less one */
   uint32_t seen;    /* frees at the heap's last purge round */
@@ -336,7 +343,7 @@ typedef struct ring_s {
   uint32_t chained; /* blocks that entered in chains, ever */
   uint32_t outs;    /* blocks malloc handed out from its chains, ever */
   uint32_t outs_seen; /* outs at the heap's last purge round */
-} ring_t;
+} __attribute__((aligned(64))) ring_t; /* 320 bytes: a class's ring is found with a shift and an add */
 
 /* The frees of the ring's class that entered the quarantine, ever (modulo 2^32). */
 static inline uint32_t ring_frees(const ring_t *r) { return r->pushed + r->chained; }
@@ -374,24 +381,24 @@ TH_COLD static void release_tick(th_heap_t *heap, th_page_t *page) {
  * empties is found by heap_purge, as in the default mode). Its list words must be as the quarantine left
  * them: the link is about to be overwritten, so a write there is caught now; the tag is checked again when
  * the block is popped. */
-static inline void release(th_heap_t *heap, th_block_t *b) {
-  th_page_t *page = block_page(b);
+static inline void release_in(th_heap_t *heap, th_page_t *page, th_block_t *b) {
   if (th_unlikely(b->next != NULL || b->tag != free_tag(b))) report_write_after_free(page, b);
   list_push(page, b);
   if (th_unlikely(page_count_free(page))) release_tick(heap, page);
 }
+static inline void release(th_heap_t *heap, th_block_t *b) { release_in(heap, block_page(b), b); }
 
 /* A freed block (tagged, its link NULL) into the quarantine; the oldest of its class leaves. */
-static inline void quarantine(th_heap_t *heap, th_secure_heap_t *q, size_t c, th_block_t *b) {
+static inline void quarantine(th_heap_t *heap, th_secure_heap_t *q, th_page_t *page, th_block_t *b) {
   if (th_unlikely(!q->on)) {
-    release(heap, b);
+    release_in(heap, page, b);
     return;
   }
-  ring_t *r = &q->ring[c];
+  ring_t *r = &q->ring[page->class_idx];
   uint32_t i = r->pushed++ & r->mask;
-  th_block_t *oldest = r->slot[i];
-  r->slot[i] = b;
-  if (oldest) release(heap, oldest);
+  held_t oldest = r->slot[i];
+  r->slot[i] = (held_t){b, page};
+  if (oldest.block) release_in(heap, oldest.page, oldest.block);
 }
 
 /* The chain's next block, checked: its link must name another block of the page, or be NULL at the chain's
@@ -471,7 +478,7 @@ static void incoming_enter(th_heap_t *heap) {
   while (b) {
     th_block_t *next = b->next;
     b->next = NULL;
-    quarantine(heap, q, block_page(b)->class_idx, b);
+    quarantine(heap, q, block_page(b), b);
     b = next;
   }
 }
@@ -505,9 +512,9 @@ static void collect_class(th_heap_t *heap, size_t c) {
 /* Every block of the ring back to its page. */
 static void ring_flush(th_heap_t *heap, ring_t *r) {
   for (uint32_t i = 0; i <= r->mask; i++) {
-    th_block_t *b = r->slot[i];
-    r->slot[i] = NULL;
-    if (b) release(heap, b);
+    held_t h = r->slot[i];
+    r->slot[i] = (held_t){NULL, NULL};
+    if (h.block) release_in(heap, h.page, h.block);
   }
   while (r->count) chain_release(heap, chain_shift(r));
 }
@@ -712,7 +719,7 @@ static inline void free_block(th_segment_t *seg, th_page_t *page, th_block_t *b,
   th_heap_t *heap = atomic_load_explicit(&seg->heap, memory_order_relaxed);
   b->next = NULL; /* plain in the quarantine (secure_is_free) */
   free_poison(b, bsize);
-  quarantine(heap, heap->secure, page->class_idx, b);
+  quarantine(heap, heap->secure, page, b);
 }
 
 /* With zero-on-free: apart, so that the common path makes no call and saves no registers. */
