@@ -29,8 +29,10 @@
 #define TRAILER 4       /* bytes at the end of each block: the size asked for, encoded */
 #define CANARY 4        /* canary bytes past the size asked for in a heap page's block, at most */
 #define HUGE_CANARY 64  /* and past a huge block, up to the end of its last OS page */
-/* Frees of a class before a freed block of it is handed out again; fewer for large blocks (up to 1 MiB
- * each), which the quarantine would otherwise hold by the tens of megabytes. Powers of two: a ring's
+/* Frees of a class before a freed block of it is handed out again: DELAY for blocks up to 4 KiB (small
+ * pages), DELAY_LARGE past them (medium blocks up to 64 KiB, large ones up to 1 MiB), which the quarantine
+ * would otherwise hold by the megabyte per class and thread (16 blocks of a 64 KiB class: 1 MiB; in
+ * mimalloc-bench's espresso and glibc-thread a quarter of secure mode's peak RSS). Powers of two: a ring's
  * index wraps with a mask. */
 #define DELAY 16
 #define DELAY_LARGE 4
@@ -297,7 +299,7 @@ void secure_carve(th_page_t *page, uint8_t *first, size_t n) {
 }
 
 /* ---- the quarantine: per heap and class, the blocks freed into the heap lately, each held back until
- * DELAY more of its class came after it (DELAY_LARGE for large classes).
+ * DELAY more of its class came after it (DELAY_LARGE for classes past 4 KiB).
  * The owner's frees enter one by one, into the class's ring of blocks: the oldest leaves, back to its page,
  * when a new one takes its slot.
  * Remote frees (another thread's, and every free into a serialized heap) wait on their page's remote stack
@@ -592,7 +594,7 @@ void secure_heap_attach(th_heap_t *heap) {
   if (q == NULL) return; /* out of memory: no quarantine, the other checks stay */
   memset(q, 0, offsetof(th_secure_heap_t, chains));
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
-    q->ring[c].mask = (class_kind(c) == TH_KIND_LARGE ? DELAY_LARGE : DELAY) - 1;
+    q->ring[c].mask = (class_kind(c) == TH_KIND_SMALL ? DELAY : DELAY_LARGE) - 1;
     q->ring[c].chain = q->chains[c];
   }
   q->on = true;
