@@ -420,7 +420,7 @@ static inline th_block_t *chain_take(chain_t *ch) {
 
 /* Every block of a chain, taken off its ring, back to its page. */
 static void chain_release(th_heap_t *heap, chain_t ch) {
-  while (ch.n) release(heap, chain_take(&ch));
+  while (ch.n) release_in(heap, ch.page, chain_take(&ch));
 }
 
 /* The ring's i-th chain, the oldest first (i < count). */
