@@ -485,12 +485,17 @@ static void incoming_enter(th_heap_t *heap) {
   }
 }
 
+/* The remote stacks of every page in class c's queue, taken (secure_collect: into pending, or incoming when
+ * pending is full; incoming_enter puts them in the quarantine). */
+static void collect_pages(th_heap_t *heap, size_t c) {
+  for (th_page_t *page = heap->queues[c].first; page; page = page->next) page_collect(page);
+}
+
 /* The remote frees of every class's pages enter the quarantine. Pages parked as full that received some go
  * back to their queues first. (A malloc collects one class, only as far as it needs: collect_class.) */
 static void collect_remote(th_heap_t *heap) {
   heap_collect_ready(heap);
-  for (size_t c = 1; c < TH_CLASS_COUNT; c++)
-    for (th_page_t *page = heap->queues[c].first; page; page = page->next) page_collect(page);
+  for (size_t c = 1; c < TH_CLASS_COUNT; c++) collect_pages(heap, c);
   incoming_enter(heap);
 }
 
@@ -542,7 +547,7 @@ void secure_purge(th_heap_t *heap) {
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
     ring_t *r = &q->ring[c];
     if (r->outs == r->outs_seen) {
-      for (th_page_t *page = heap->queues[c].first; page; page = page->next) page_collect(page);
+      collect_pages(heap, c);
       incoming_enter(heap);
       ring_trim(heap, r);
     }
