@@ -9,10 +9,14 @@ whose SHA-256 is compared across allocators, so a wrong result is never timed as
     python3 bench/programs.py --reps 1 --scale 1 # a quick look
     python3 bench/programs.py --check            # the CTest check: glibc vs threadheap, same output
 
+    python3 bench/programs.py --allocators glibc,threadheap,secure=/tmp/secure/libthreadheap.so
+                                                 # any other library, preloaded under a name of its own
+
 Timing: within each repetition every program runs once per allocator, the allocators interleaved (so slow
-drift of a noisy machine hits all of them alike), in a rotated order. The table gives the median wall-clock
-seconds with the min-max range, and each peer's median divided by threadheap's (above 1: threadheap is
-faster).
+drift of a noisy machine hits all of them alike), in a rotated order. Two tables: the median wall-clock
+seconds and the median peak RSS (wait4's, the largest process of the program's tree), each with the
+min-max range and each allocator's median divided by the reference's (threadheap, or --ref; above 1: the
+reference is faster or leaner), and the geometric mean of those ratios.
 
 --check runs each program plain and with threadheap preloaded and fails on a different stdout, a non-zero
 exit status, a "threadheap:" message on stderr, or a preloaded run in which threadheap's exit statistics
@@ -34,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))
+from threadheap.bench import BenchError, parse_allocators  # noqa: E402 (the driver's NAME=PATH grammar)
 PEER_DIR = "/usr/lib/x86_64-linux-gnu"
 # name -> library to preload (None: glibc, no preload); threadheap's comes from --lib
 PEERS = {
@@ -238,7 +244,8 @@ def base_env(extra):
 
 
 def run_once(prog, argv, lib, workdir, extra_env=None):
-    """(seconds, exit status, sha256 of stdout, stderr text) of one run in a fresh folder under workdir."""
+    """(seconds, exit status, sha256 of stdout, stderr text, peak RSS in KiB) of one run in a fresh folder
+    under workdir. The peak is wait4's: the largest of the process and the descendants it waited for."""
     cwd = Path(tempfile.mkdtemp(dir=workdir))
     env = base_env(prog.env)
     env["HOME"] = str(cwd)
@@ -247,13 +254,19 @@ def run_once(prog, argv, lib, workdir, extra_env=None):
     env.update(extra_env or {})
     out_path = cwd.parent / (cwd.name + ".out")
     with open(out_path, "wb") as out:
+        err_file = tempfile.TemporaryFile(dir=workdir)
         start = time.perf_counter()
-        p = subprocess.run(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err_file, stdin=subprocess.DEVNULL)
+        _, status, usage = os.wait4(p.pid, 0)
         seconds = time.perf_counter() - start
+        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    err_file.seek(0)
+    err = err_file.read().decode(errors="replace")
+    err_file.close()
     digest = hashlib.sha256(out_path.read_bytes()).hexdigest()
     out_path.unlink()
     shutil.rmtree(cwd, ignore_errors=True)
-    return seconds, p.returncode, digest, p.stderr.decode(errors="replace")
+    return seconds, p.returncode, digest, err, usage.ru_maxrss
 
 
 def missing_tools(prog):
@@ -282,10 +295,10 @@ def check(programs, lib, scale, workdir):
             continue
         inputs = Path(tempfile.mkdtemp(dir=workdir))
         argv = prog.setup(inputs, scale)
-        t1, rc1, out1, err1 = run_once(prog, argv, None, workdir)
+        t1, rc1, out1, err1, _ = run_once(prog, argv, None, workdir)
         stats = inputs / "threadheap-stats"
         # Every process of the run writes its counters at exit (the last one wins): proof of the preload.
-        t2, rc2, out2, err2 = run_once(prog, argv, lib, workdir,
+        t2, rc2, out2, err2, _ = run_once(prog, argv, lib, workdir,
                                        {"THREADHEAP_SHOW_STATS": "1", "THREADHEAP_STATS_FILE": str(stats)})
         problems = []
         if rc1 != 0:
@@ -310,20 +323,44 @@ def check(programs, lib, scale, workdir):
     return SKIP if skipped else 0
 
 
-def fmt_cell(times, ref):
-    med = statistics.median(times)
-    cell = f"{med:.3f} ({min(times):.3f}–{max(times):.3f})"
+def fmt_cell(values, ref, digits):
+    med = statistics.median(values)
+    cell = f"{med:.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
     if ref is not None:
         cell += f" ×{med / ref:.2f}"
     return cell
 
 
-def bench(programs, allocators, lib, scale, reps, workdir):
-    libs = {"glibc": None, "threadheap": lib, **PEERS}
-    usable = [a for a in allocators if a == "glibc" or os.path.isfile(libs[a])]
+def print_table(title, progs, usable, values, ref_name, digits, bad):
+    """One markdown table: a row per program, a cell per allocator (median, min-max, × the reference's
+    median), and the geometric mean of each allocator's ratios to the reference."""
+    print(f"{title}\n")
+    print("| program | " + " | ".join(usable) + " |")
+    print("|---|" + "---:|" * len(usable))
+    ratios = {a: [] for a in usable}
+    for p in progs:
+        ref_values = values.get((p.name, ref_name))
+        ref = statistics.median(ref_values) if ref_values else None
+        cells = []
+        for a in usable:
+            v = values[(p.name, a)]
+            cells.append(fmt_cell(v, None if a == ref_name else ref, digits) +
+                         (" (wrong output)" if (p.name, a) in bad else ""))
+            if ref and (p.name, a) not in bad:
+                ratios[a].append(statistics.median(v) / ref)
+        print(f"| {p.name} | " + " | ".join(cells) + " |")
+    means = [f"×{statistics.geometric_mean(ratios[a]):.3f}" if ratios[a] else "-" for a in usable]
+    print(f"| geometric mean | " + " | ".join(means) + " |\n")
+
+
+def bench(programs, allocators, libs, ref_name, scale, reps, workdir):
+    usable = [a for a in allocators if libs[a] is None or os.path.isfile(libs[a])]
     for a in allocators:
         if a not in usable:
             print(f"note: {a} skipped, {libs[a]} not found", file=sys.stderr)
+    if ref_name not in usable:
+        print(f"programs.py: the reference {ref_name} is not among the allocators run", file=sys.stderr)
+        return 2
     progs = []
     for prog in programs:
         missing = missing_tools(prog)
@@ -335,35 +372,44 @@ def bench(programs, allocators, lib, scale, reps, workdir):
     inputs = Path(tempfile.mkdtemp(dir=workdir))
     argvs = {p.name: p.setup(inputs, scale) for p in progs}
     times = {(p.name, a): [] for p in progs for a in usable}
+    peaks = {(p.name, a): [] for p in progs for a in usable}
     reference = {}
     bad = set()
     for rep in range(reps):
         for p in progs:
             order = usable[rep % len(usable):] + usable[:rep % len(usable)]
             for a in order:
-                seconds, rc, digest, err = run_once(p, argvs[p.name], libs[a], workdir)
+                seconds, rc, digest, err, peak_kib = run_once(p, argvs[p.name], libs[a], workdir)
                 ref = reference.setdefault(p.name, digest)
                 if rc != 0 or digest != ref:
                     bad.add((p.name, a))
                     print(f"warning: {p.name} with {a}: exit {rc}, output "
                           f"{'same' if digest == ref else 'DIFFERENT'}: {err.strip()[:200]}", file=sys.stderr)
                 times[(p.name, a)].append(seconds)
-                print(f"rep {rep + 1}/{reps} {p.name:<16} {a:<10} {seconds:7.3f} s", file=sys.stderr)
+                peaks[(p.name, a)].append(peak_kib / 1024)
+                print(f"rep {rep + 1}/{reps} {p.name:<16} {a:<10} {seconds:7.3f} s {peak_kib / 1024:8.1f} MiB",
+                      file=sys.stderr)
     shutil.rmtree(inputs, ignore_errors=True)
 
-    print(f"Wall-clock seconds, median of {reps} (min–max); ×: the allocator's median / threadheap's. "
-          f"Scale {scale}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}.\n")
-    print("| program | " + " | ".join(usable) + " |")
-    print("|---|" + "---:|" * len(usable))
-    for p in progs:
-        th = times.get((p.name, "threadheap"))
-        ref = statistics.median(th) if th else None
-        cells = []
-        for a in usable:
-            cell = fmt_cell(times[(p.name, a)], None if a == "threadheap" else ref)
-            cells.append(cell + (" (wrong output)" if (p.name, a) in bad else ""))
-        print(f"| {p.name} | " + " | ".join(cells) + " |")
+    what = f"median of {reps} (min–max); ×: the allocator's median / {ref_name}'s"
+    print(f"Scale {scale}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}. Libraries: " +
+          ", ".join(f"{a} {libs[a] or 'none (the system malloc)'}" for a in usable) + ".\n")
+    print_table(f"Wall-clock seconds, {what}.", progs, usable, times, ref_name, 3, bad)
+    print_table(f"Peak RSS in MiB, {what}.", progs, usable, peaks, ref_name, 1, bad)
     return 1 if bad else 0
+
+
+def allocator_libs(text, lib):
+    """--allocators: the built-in names and NAME=PATH items (threadheap bench's grammar), each with the
+    library to preload (None: glibc). Raises BenchError."""
+    for item in (text or "").split(","):
+        name = item.strip()
+        if name and "=" not in name and name not in ALLOCATORS:
+            raise BenchError(f"unknown allocator '{name}' (known: {', '.join(ALLOCATORS)}; or NAME=PATH "
+                             "to preload a library)")
+    names, external = parse_allocators(text)
+    builtin = {"glibc": None, "threadheap": lib, **PEERS}
+    return names, {name: str(external[name].resolve()) if name in external else builtin[name] for name in names}
 
 
 def main(argv=None):
@@ -374,7 +420,9 @@ def main(argv=None):
                     help="input size factor (default 2 for timing, 1 for --check)")
     ap.add_argument("--lib", default=default_lib(), help="libthreadheap.so (default $TH_LIB or build/)")
     ap.add_argument("--programs", help="comma-separated subset, by the start of their names")
-    ap.add_argument("--allocators", default=",".join(ALLOCATORS), help="comma-separated subset")
+    ap.add_argument("--allocators", default=",".join(ALLOCATORS),
+                    help="comma-separated: built-in names, or NAME=PATH to preload another library")
+    ap.add_argument("--ref", default="threadheap", help="the allocator the ratios divide by (default threadheap)")
     args = ap.parse_args(argv)
     if not os.path.isfile(args.lib):
         print(f"programs.py: library not found: {args.lib}", file=sys.stderr)
@@ -384,17 +432,19 @@ def main(argv=None):
     if args.programs:
         wanted = [w.strip() for w in args.programs.split(",")]
         programs = [p for p in PROGRAMS if any(p.name.startswith(w) for w in wanted)]
-    allocators = [a.strip() for a in args.allocators.split(",")]
-    unknown = [a for a in allocators if a not in ALLOCATORS]
-    if unknown or not programs or args.reps < 1:
-        print(f"programs.py: nothing to run (unknown allocators {unknown}, {len(programs)} programs)",
-              file=sys.stderr)
+    try:
+        allocators, libs = allocator_libs(args.allocators, lib)
+    except BenchError as e:
+        print(f"programs.py: {e}", file=sys.stderr)
+        return 2
+    if not programs or args.reps < 1:
+        print(f"programs.py: nothing to run ({len(programs)} programs, {args.reps} repetitions)", file=sys.stderr)
         return 2
     workdir = tempfile.mkdtemp(prefix="threadheap-programs-")
     try:
         if args.check:
             return check(programs, lib, args.scale or 1, workdir)
-        return bench(programs, allocators, lib, args.scale or 2, args.reps, workdir)
+        return bench(programs, allocators, libs, args.ref, args.scale or 2, args.reps, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
