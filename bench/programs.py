@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Real programs from Debian packages, run with each allocator preloaded: timed, or checked.
 
-Standard library only. The programs are unmodified; the allocator under test is switched with LD_PRELOAD
+Standard library only (and the allocator-list parser of python/threadheap/bench.py). The programs are unmodified; the allocator under test is switched with LD_PRELOAD
 (glibc is the run without a preload). Every run starts in a fresh empty folder, its stdout goes to a file
 whose SHA-256 is compared across allocators, so a wrong result is never timed as a fast one.
 
@@ -14,7 +14,7 @@ whose SHA-256 is compared across allocators, so a wrong result is never timed as
 
 Timing: within each repetition every program runs once per allocator, the allocators interleaved (so slow
 drift of a noisy machine hits all of them alike), in a rotated order. Two tables: the median wall-clock
-seconds and the median peak RSS (wait4's, the largest process of the program's tree), each with the
+seconds and the median peak RSS (GNU time's: the largest process of the program's tree), each with the
 min-max range and each allocator's median divided by the reference's (threadheap, or --ref; above 1: the
 reference is faster or leaner), and the geometric mean of those ratios.
 
@@ -243,9 +243,17 @@ def base_env(extra):
     return env
 
 
-def run_once(prog, argv, lib, workdir, extra_env=None):
-    """(seconds, exit status, sha256 of stdout, stderr text, peak RSS in KiB) of one run in a fresh folder
-    under workdir. The peak is wait4's: the largest of the process and the descendants it waited for."""
+# GNU time, in the Debian package of that name: the peak RSS of a program started from this script has to be
+# taken by a small process that forks it. A process forked from Python keeps Python's peak as its own across
+# exec (Linux carries the old mm's high-water mark into ru_maxrss), and this script's peak (about 39 MiB)
+# would hide every smaller program's.
+GNU_TIME = "/usr/bin/time"
+
+
+def run_once(prog, argv, lib, workdir, extra_env=None, peak=False):
+    """(seconds, exit status, sha256 of stdout, stderr text, peak RSS in KiB or None) of one run in a fresh
+    folder under workdir. With peak, the program runs under GNU time, whose %M is wait4's: the largest of the
+    program and the descendants it waited for."""
     cwd = Path(tempfile.mkdtemp(dir=workdir))
     env = base_env(prog.env)
     env["HOME"] = str(cwd)
@@ -253,20 +261,23 @@ def run_once(prog, argv, lib, workdir, extra_env=None):
         env["LD_PRELOAD"] = lib
     env.update(extra_env or {})
     out_path = cwd.parent / (cwd.name + ".out")
+    peak_path = cwd.parent / (cwd.name + ".peak")
+    if peak:
+        # GNU time gets the preload too (it inherits the environment); it only forks, waits and writes a line.
+        argv = [GNU_TIME, "-f", "%M", "-o", str(peak_path), *argv]
     with open(out_path, "wb") as out:
-        err_file = tempfile.TemporaryFile(dir=workdir)
         start = time.perf_counter()
-        p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err_file, stdin=subprocess.DEVNULL)
-        _, status, usage = os.wait4(p.pid, 0)
+        p = subprocess.run(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
         seconds = time.perf_counter() - start
-        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
-    err_file.seek(0)
-    err = err_file.read().decode(errors="replace")
-    err_file.close()
     digest = hashlib.sha256(out_path.read_bytes()).hexdigest()
     out_path.unlink()
+    peak_kib = None
+    if peak:
+        lines = peak_path.read_text().split() if peak_path.exists() else []
+        peak_kib = int(lines[-1]) if lines and lines[-1].isdigit() else None
+        peak_path.unlink(missing_ok=True)
     shutil.rmtree(cwd, ignore_errors=True)
-    return seconds, p.returncode, digest, err, usage.ru_maxrss
+    return seconds, p.returncode, digest, p.stderr.decode(errors="replace"), peak_kib
 
 
 def missing_tools(prog):
@@ -358,6 +369,10 @@ def bench(programs, allocators, libs, ref_name, scale, reps, workdir):
     for a in allocators:
         if a not in usable:
             print(f"note: {a} skipped, {libs[a]} not found", file=sys.stderr)
+    if not os.access(GNU_TIME, os.X_OK):
+        print(f"programs.py: {GNU_TIME} not found, which measures each run's peak RSS (apt-get install time)",
+              file=sys.stderr)
+        return 2
     if ref_name not in usable:
         print(f"programs.py: the reference {ref_name} is not among the allocators run", file=sys.stderr)
         return 2
@@ -379,7 +394,11 @@ def bench(programs, allocators, libs, ref_name, scale, reps, workdir):
         for p in progs:
             order = usable[rep % len(usable):] + usable[:rep % len(usable)]
             for a in order:
-                seconds, rc, digest, err, peak_kib = run_once(p, argvs[p.name], libs[a], workdir)
+                seconds, rc, digest, err, peak_kib = run_once(p, argvs[p.name], libs[a], workdir, peak=True)
+                if peak_kib is None:
+                    bad.add((p.name, a))
+                    print(f"warning: {p.name} with {a}: no peak RSS from {GNU_TIME}", file=sys.stderr)
+                    peak_kib = 0
                 ref = reference.setdefault(p.name, digest)
                 if rc != 0 or digest != ref:
                     bad.add((p.name, a))

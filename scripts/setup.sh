@@ -13,6 +13,8 @@ packages=(
   # the tests: valgrind (explicit heaps as memcheck pools), clang with libFuzzer, go (`go tool pprof` reads
   # every profile), tmux (top's live view), the real programs and the server
   valgrind clang libclang-rt-14-dev golang-go tmux sqlite3 perl git xz-utils coreutils procps memcached
+  # GNU time: the real programs' peak RSS (bench/programs.py)
+  time
   # the peer allocators of the benchmarks and the real-program runs
   libmimalloc2.0 libjemalloc2 libtcmalloc-minimal4
   # `make deb` (CPack's Depends come from dpkg-shlibdeps, which needs file) and its test (man)

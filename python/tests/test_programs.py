@@ -60,3 +60,13 @@ def test_a_named_library_is_preloaded_and_both_tables_are_printed():
     assert len(re.findall(r"^rep [12]/2 sort --parallel +mine +[0-9.]+ s +[0-9.]+ MiB$", proc.stderr, re.M)) == 2
     means = re.findall(r"^\| geometric mean \| (.*) \| (.*) \|$", out, re.M)
     assert len(means) == 2 and all(g == "×1.000" for g, _ in means)
+
+
+@pytest.mark.skipif(not LIB.is_file() or shutil.which("git") is None, reason="needs the library and git")
+def test_the_peak_is_the_program_s_not_the_script_s():
+    # A process forked from Python would carry the script's own peak (14 MiB or more) into its ru_maxrss;
+    # git's runs peak at 5-7 MiB under either allocator.
+    proc = programs("--allocators", "glibc,threadheap", "--programs", "git", "--reps", "1", "--scale", "1")
+    assert proc.returncode == 0, proc.stderr
+    peaks = [float(m) for m in re.findall(r"^rep 1/1 git +\S+ +[0-9.]+ s +([0-9.]+) MiB$", proc.stderr, re.M)]
+    assert len(peaks) == 2 and all(2.0 < m < 12.0 for m in peaks), peaks
