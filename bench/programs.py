@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Real programs from Debian packages, run with each allocator preloaded: timed, or checked.
 
-Standard library only (and the allocator-list parser of python/threadheap/bench.py). The programs are unmodified; the allocator under test is switched with LD_PRELOAD
-(glibc is the run without a preload). Every run starts in a fresh empty folder, its stdout goes to a file
-whose SHA-256 is compared across allocators, so a wrong result is never timed as a fast one.
+Standard library only (and the allocator-list parser of python/threadheap/bench.py). The programs are
+unmodified; the allocator under test is switched with LD_PRELOAD (glibc is the run without a preload). Every
+run starts in a fresh empty folder, its stdout goes to a file whose SHA-256 is compared across allocators, so
+a wrong result is never timed as a fast one.
 
     python3 bench/programs.py                    # 5 repetitions, markdown table of medians
     python3 bench/programs.py --reps 1 --scale 1 # a quick look
