@@ -14,11 +14,11 @@
  *
  * A block of a heap page is laid out as [the size asked for][canary][4-byte trailer], the trailer being
  * the size asked for XOR a secret of the block, its most significant byte first: that byte is the secret's
- * (sizes are below 2^24) and never 0, so that the first byte past the program's bytes is always checked
- * exactly, whether canary or trailer, and an off-by-one NUL is always caught. The canary is the first
- * CANARY bytes of the slack (all of it when shorter). A request of n bytes takes the size class of n + 4.
- * The usable size is n (a 16-byte block's trailer shares the tag word, so a report on one already freed
- * names 12). A huge block keeps its size in its segment (huge_size): its canary runs to the end of its last
+ * (sizes are below 2^24) and never 0, so that an overflow that reaches only its first byte still leaves
+ * the size readable. The canary is the CANARY bytes just past the size asked for: a request of n bytes
+ * takes the size class of n + 8 (SLACK), so that both fit whatever n is, and free compares one word
+ * (requests of a multiple of 8 bytes take the class they would take with the trailer alone). The usable
+ * size is n (a 16-byte block's trailer shares the tag word, so a report on one already freed names 8). A huge block keeps its size in its segment (huge_size): its canary runs to the end of its last
  * OS page, and a guard page follows. */
 #include <errno.h>
 #include <string.h>
@@ -27,7 +27,8 @@
 #include "os.h"
 
 #define TRAILER 4       /* bytes at the end of each block: the size asked for, encoded */
-#define CANARY 4        /* canary bytes past the size asked for in a heap page's block, at most */
+#define CANARY 4        /* canary bytes past the size asked for in a heap page's block */
+#define SLACK (CANARY + TRAILER) /* a block's bytes past the size asked for, at least */
 #define HUGE_CANARY 64  /* and past a huge block, up to the end of its last OS page */
 /* Frees of a class before a freed block of it is handed out again: DELAY for blocks up to 4 KiB (small
  * pages), DELAY_LARGE past them (medium blocks up to 64 KiB, large ones up to 1 MiB), which the quarantine
@@ -96,9 +97,8 @@ static inline uint8_t *block_trailer(const th_page_t *page, const void *b) {
   return (uint8_t *)b + page->block_size - TRAILER;
 }
 
-/* A block of the page handed out for n bytes: its canary and trailer. The canary is stored whole, the
- * trailer after it, over the canary's last bytes when the slack is shorter than CANARY: two stores, never
- * past the block, and no branch on the size (a program of random sizes would mispredict it). */
+/* A block of the page handed out for n bytes (at most its size less SLACK): its canary and trailer, two
+ * stores and no branch on the size (a program of random sizes would mispredict it). */
 static inline void block_mark(const th_page_t *page, uint8_t *b, size_t n) {
   uint64_t secret = block_secret(page, b);
   uint8_t *t = block_trailer(page, b);
@@ -120,18 +120,14 @@ static inline uint32_t trailer_read(const th_page_t *page, const uint8_t *b, uin
  * first byte (the secret's) leaves the size readable. */
 static inline size_t block_size_asked(const th_page_t *page, const uint8_t *b, uint64_t secret) {
   size_t n = trailer_read(page, b, secret) & 0xffffff;
-  return n <= page->block_size - TRAILER ? n : SIZE_MAX;
+  return n <= page->block_size - SLACK ? n : SIZE_MAX;
 }
 
-/* Are the first CANARY bytes past b + n (fewer when the trailer comes sooner) as block_mark left them?
- * Compared under a mask rather than after a branch on the slack, as block_mark writes them. */
-static inline bool canary_intact(const th_page_t *page, const uint8_t *b, size_t n, uint64_t secret) {
-  const uint8_t *c = b + n;
-  size_t slack = (size_t)(block_trailer(page, b) - c);
-  size_t k = slack < CANARY ? slack : CANARY; /* the bytes past the slack are the trailer's */
+/* Are the CANARY bytes past b + n as block_mark left them? */
+static inline bool canary_intact(const uint8_t *b, size_t n, uint64_t secret) {
   uint32_t x;
-  memcpy(&x, c, CANARY);
-  return ((x ^ (uint32_t)canary_word(secret)) & (((uint64_t)1 << (8 * k)) - 1)) == 0;
+  memcpy(&x, b + n, CANARY);
+  return x == (uint32_t)canary_word(secret);
 }
 
 static size_t usable_from(const uint8_t *b, size_t n, const void *p) {
@@ -144,7 +140,7 @@ static size_t usable_from(const uint8_t *b, size_t n, const void *p) {
  * report says so and names the most the program could have been given. */
 TH_COLD _Noreturn static void report_overflow(const th_page_t *page, const uint8_t *b, const void *p) {
   size_t n = block_size_asked(page, b, block_secret(page, b));
-  if (n == SIZE_MAX) report_block_lost("heap overflow past block", p, usable_from(b, page->block_size - TRAILER, p));
+  if (n == SIZE_MAX) report_block_lost("heap overflow past block", p, usable_from(b, page->block_size - SLACK, p));
   report_block("heap overflow past block", NULL, p, usable_from(b, n, p));
 }
 
@@ -152,14 +148,14 @@ TH_COLD _Noreturn static void report_overflow(const th_page_t *page, const uint8
 static inline void block_check(const th_page_t *page, const uint8_t *b, const void *p) {
   uint64_t secret = block_secret(page, b);
   uint32_t v = trailer_read(page, b, secret); /* the size asked for, and 0 above it */
-  if (th_unlikely(v > page->block_size - TRAILER || !canary_intact(page, b, v, secret))) report_overflow(page, b, p);
+  if (th_unlikely(v > page->block_size - SLACK || !canary_intact(b, v, secret))) report_overflow(page, b, p);
 }
 
 size_t secure_usable_size(const th_page_t *page, const void *p) {
   if (page->block_size == 0) return usable_from(page->start, segment_of_page(page)->huge_size, p);
   const uint8_t *b = (const uint8_t *)p - page_block_offset(page, p);
   size_t n = block_size_asked(page, b, block_secret(page, b));
-  return usable_from(b, n == SIZE_MAX ? page->block_size - TRAILER : n, p);
+  return usable_from(b, n == SIZE_MAX ? page->block_size - SLACK : n, p);
 }
 
 TH_COLD _Noreturn static void report_write_after_free(const th_page_t *page, const th_block_t *b) {
@@ -676,8 +672,8 @@ TH_NOINLINE static void *secure_malloc_chain(th_heap_t *heap, size_t size, size_
  * (the common case), or the oldest chain of remote frees of the class has served its time; else the generic
  * slow path runs (purge clock, sampling, a page to find), and comes back to secure_malloc_fill. */
 void *secure_malloc(th_heap_t *heap, size_t size) {
-  if (th_likely(size <= TH_LARGE_MAX - TRAILER) && th_likely(!th_profile_on)) {
-    size_t c = size_class(size + TRAILER);
+  if (th_likely(size <= TH_LARGE_MAX - SLACK) && th_likely(!th_profile_on)) {
+    size_t c = size_class(size + SLACK);
     th_page_t *page = heap->queues[c].first;
     if (th_likely(page != NULL && page->secure_free != NULL)) {
       if (th_unlikely(zero_on_free())) return block_out_zero(page, size);
@@ -691,8 +687,8 @@ void *secure_malloc(th_heap_t *heap, size_t size) {
 /* heap_malloc_fill on a secure heap: remote frees collected enter the quarantine, then a chain that has
  * served its time, or a page with a free block. */
 void *secure_malloc_fill(th_heap_t *heap, size_t size) {
-  if (size > TH_LARGE_MAX - TRAILER) return heap_malloc_huge(heap, size); /* huge_alloc guards it */
-  size_t c = size_class(size + TRAILER);
+  if (size > TH_LARGE_MAX - SLACK) return heap_malloc_huge(heap, size); /* huge_alloc guards it */
+  size_t c = size_class(size + SLACK);
   th_page_t *page;
   do { /* a page whose remote frees arrived while it was being parked has none on secure_free: again */
     collect_class(heap, c);
@@ -769,7 +765,7 @@ bool secure_realloc(th_segment_t *seg, th_page_t *page, void *p, size_t size) {
   }
   uint8_t *b = (uint8_t *)p - page_block_offset(page, p);
   block_check(page, b, p);
-  if ((uint8_t *)p != b || size > page->block_size - TRAILER || size_class(size + TRAILER) != page->class_idx)
+  if ((uint8_t *)p != b || size > page->block_size - SLACK || size_class(size + SLACK) != page->class_idx)
     return false;
   block_mark(page, b, size);
   return true;

@@ -66,21 +66,21 @@ static unsigned char *must_malloc(size_t n) {
 
 /* ---- overflows: reported at free (by the owner or another thread) or realloc */
 
-/* The sizes overflowed, with the block each takes (the class of size + 4, src/secure.c). */
+/* The sizes overflowed, with the block each takes (the class of size + 8: canary and trailer, src/secure.c). */
 static const struct {
   int size, block;
-} overflow_sizes[] = {{24, 32}, {28, 32}, {100, 112}, {4096, 5120}, {10000, 10240}, {65536, 81920}, {300000, 327680}};
+} overflow_sizes[] = {{24, 32}, {28, 48}, {100, 112}, {4096, 5120}, {10000, 10240}, {65536, 81920}, {300000, 327680}};
 #define OVERFLOW_SIZES (int)(sizeof overflow_sizes / sizeof overflow_sizes[0])
 
 /* how: 0 the NUL of an off-by-one, 1 a hundred bytes, 2 a byte flipped. A hundred bytes past a block with
  * less slack overwrite its record of its size (its last 4 bytes) too: the report says so and names the
- * most the program could have had, the block's size less the record. */
+ * most the program could have had, the block's size less the canary and the record. */
 static void c_overflow(int i, int how) {
   int size = overflow_sizes[i].size, block = overflow_sizes[i].block;
   unsigned char *p = must_malloc((size_t)size);
-  if (how == 1 && block - 4 - size < 100)
+  if (how == 1 && block - 8 - size < 100)
     check_expect("threadheap: heap overflow past block at %p (its size record overwritten too; usable size at most %d)\n",
-                 (void *)p, block - 4);
+                 (void *)p, block - 8);
   else check_expect("threadheap: heap overflow past block at %p (size %d)\n", (void *)p, size);
   if (how == 0) p[size] = 0;
   if (how == 1) memset(p + size, 'A', 100);
@@ -284,7 +284,7 @@ static void c_forged_link(int remote, int b) {
   (void)b;
   th_heap_t *h = must_heap();
   unsigned char *p = heap_block(h, 48);
-  check_expect(" at %p (size 64)\n", (void *)p); /* 48 + 4 bytes of trailer: the 64-byte class */
+  check_expect(" at %p (size 64)\n", (void *)p); /* 48 + 8 bytes of canary and trailer: the 64-byte class */
   if (remote) {
     unsigned char *q = heap_block(h, 48);
     run_on_thread(free_on_thread, p);
@@ -457,7 +457,7 @@ static void test_zero_on_free(void) {
  * beyond, data kept; calloc and huge blocks alike. */
 static void test_sizes(void) {
   static const size_t sizes[] = {0, 1, 12, 13, 24, 28, 29, 100, 4092, 4096, 5000, 65532, 65536, 300000,
-                                 1048572, 1048573, 2 * MiB, 5 * MiB + 7};
+                                 1048567, 1048568, 1048569, 1048572, 1048573, 2 * MiB, 5 * MiB + 7};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     size_t n = sizes[i];
     unsigned char *p = th_malloc(n);
