@@ -12,14 +12,14 @@
  * case themselves and leave the rest to the generic slow paths, which call back into secure_malloc_fill and
  * secure_free.
  *
- * A block of a heap page is laid out as [the size asked for][canary][4-byte trailer], the trailer being
- * the size asked for XOR a secret of the block, its most significant byte first: that byte is the secret's
- * (sizes are below 2^24) and never 0, so that an overflow that reaches only its first byte still leaves
- * the size readable. The canary is the CANARY bytes just past the size asked for: a request of n bytes
- * takes the size class of n + 8 (SLACK), so that both fit whatever n is, and free compares one word
- * (requests of a multiple of 8 bytes take the class they would take with the trailer alone). The usable
- * size is n (a 16-byte block's trailer shares the tag word, so a report on one already freed names 8). A huge block keeps its size in its segment (huge_size): its canary runs to the end of its last
- * OS page, and a guard page follows. */
+ * A block of a heap page is laid out as [the size asked for][canary][4-byte trailer], the trailer being the
+ * size asked for XOR a secret of the block, its most significant byte first: that byte is the secret's (sizes
+ * are below 2^24) and never 0, so that an overflow that reaches only its first byte still leaves the size
+ * readable. The canary is the CANARY bytes just past the size asked for: a request of n bytes takes the size
+ * class of n + 8 (SLACK), so that both fit whatever n is, and free compares one word (requests of a multiple
+ * of 8 bytes take the class they would take with the trailer alone). The usable size is n (a 16-byte block's
+ * trailer shares the tag word, so a report on one already freed names 8). A huge block keeps its size in its
+ * segment (huge_size): its canary runs to the end of its last OS page, and a guard page follows. */
 #include <errno.h>
 #include <string.h>
 
@@ -247,6 +247,7 @@ static inline void list_push(th_page_t *page, th_block_t *b) {
   free_poison(b, page->block_size);
 }
 
+/* The stop of block_out and chain_out for a bad link (TH_STOP, above). */
 TH_STOP static void *stop_corrupted(const th_page_t *page, const th_block_t *b) { report_corrupted(page, b); }
 
 size_t secure_free_count(const th_page_t *page, bool *ok) {
