@@ -105,6 +105,30 @@ static void c_overflow_remote(int size, int b) {
   run_on_thread(free_on_thread, p);
 }
 
+/* An off-by-one NUL past a block of each size from 1 to 256 bytes (slacks of 8 to 23 bytes past the size
+ * asked for, the canary's first byte at every offset of a 16-byte granule): each stops at free, with the
+ * size. One line for all of them. */
+static void c_off_by_one(int size, int b) {
+  (void)b;
+  unsigned char *p = must_malloc((size_t)size);
+  check_expect("threadheap: heap overflow past block at %p (size %d)\n", (void *)p, size);
+  p[size] = 0;
+  th_free(p);
+}
+
+static void test_off_by_one_every_size(void) {
+  int stopped = 0;
+  for (int n = 1; n <= 256; n++) {
+    check_child_t res;
+    check_run_child(c_off_by_one, n, 0, &check_info_fd, &res);
+    int ok = WIFSIGNALED(res.status) && WTERMSIG(res.status) == SIGABRT && res.info[0] != '\0' &&
+             strcmp(res.err, res.info) == 0;
+    CHECK_MSG(ok, "off-by-one NUL past malloc(%d): stderr \"%s\", expected \"%s\"", n, res.err, res.info);
+    stopped += ok;
+  }
+  printf("%-62s %d of 256 stopped\n", "off-by-one NUL past malloc(1) .. malloc(256)", stopped);
+}
+
 /* An aligned block: reported with the pointer handed out and its usable size. */
 static void c_overflow_aligned(int a, int b) {
   (void)a, (void)b;
@@ -453,6 +477,18 @@ static void test_zero_on_free(void) {
   CHECK_MSG(check_all_zero(p + 16, 100 - 16), "a freed block still holds its data");
 }
 
+/* Every size from 0 to 1,100 bytes written whole and freed: no stop (the canary and the record always fit
+ * past the program's bytes), the usable size exact. */
+static void test_every_size_fits(void) {
+  for (size_t n = 0; n <= 1100; n++) {
+    unsigned char *p = th_malloc(n);
+    if (!CHECK(p != NULL)) continue;
+    memset(p, 0xa5, n);
+    CHECK_MSG(th_usable_size(p) == n, "usable size of malloc(%zu): %zu", n, th_usable_size(p));
+    th_free(p);
+  }
+}
+
 /* The usable size is the size asked for, and realloc keeps to it: in place within the size class, moved
  * beyond, data kept; calloc and huge blocks alike. */
 static void test_sizes(void) {
@@ -524,6 +560,8 @@ int main(void) {
   test_remote_bounded();
   test_random_order();
   test_delayed_reuse();
+  test_off_by_one_every_size();
+  test_every_size_fits();
   test_sizes();
   if (g_mode == 2) test_zero_on_free();
   return check_summary();
