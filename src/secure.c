@@ -90,6 +90,8 @@ static inline uint64_t huge_secret(const void *b) { return mix64(secure_key ^ (u
 static inline uint32_t trailer_key(uint64_t secret) { return (uint32_t)(secret >> 32) | 0x01000000u; }
 /* The canary: the secret with no byte 0. */
 static inline uint64_t canary_word(uint64_t secret) { return secret | 0x0101010101010101ull; }
+/* A heap page block's canary: the word's low 4 bytes (one 32-bit OR with an immediate). */
+static inline uint32_t canary32(uint64_t secret) { return (uint32_t)secret | 0x01010101u; }
 
 /* ---- a heap page's block: canary and trailer */
 
@@ -102,7 +104,7 @@ static inline uint8_t *block_trailer(const th_page_t *page, const void *b) {
 static inline void block_mark(const th_page_t *page, uint8_t *b, size_t n) {
   uint64_t secret = block_secret(page, b);
   uint8_t *t = block_trailer(page, b);
-  uint32_t w = (uint32_t)canary_word(secret);
+  uint32_t w = canary32(secret);
   memcpy(b + n, &w, CANARY);
   uint32_t v = __builtin_bswap32((uint32_t)n ^ trailer_key(secret)); /* most significant byte first */
   memcpy(t, &v, 4);
@@ -127,7 +129,7 @@ static inline size_t block_size_asked(const th_page_t *page, const uint8_t *b, u
 static inline bool canary_intact(const uint8_t *b, size_t n, uint64_t secret) {
   uint32_t x;
   memcpy(&x, b + n, CANARY);
-  return x == (uint32_t)canary_word(secret);
+  return x == canary32(secret);
 }
 
 static size_t usable_from(const uint8_t *b, size_t n, const void *p) {
@@ -699,12 +701,19 @@ TH_NOINLINE static void *secure_malloc_chain(th_heap_t *heap, size_t size, size_
   return heap_malloc_slow(heap, size);
 }
 
+/* The size class of a request of size bytes (at most TH_LARGE_MAX - SLACK): that of size + SLACK, which
+ * is never below 16, so the small classes' test for 16 bytes or less is left out. */
+static inline size_t secure_class(size_t size) {
+  size_t n = size + SLACK;
+  return n <= 128 ? (n + 15) >> 4 : size_class(n);
+}
+
 /* heap_malloc_queue on a secure heap: the first page of the class has a free block
  * (the common case), or the oldest chain of remote frees of the class has served its time; else the generic
  * slow path runs (purge clock, sampling, a page to find), and comes back to secure_malloc_fill. */
 void *secure_malloc(th_heap_t *heap, size_t size) {
   if (th_likely(size <= TH_LARGE_MAX - SLACK) && th_likely(!th_profile_on)) {
-    size_t c = size_class(size + SLACK);
+    size_t c = secure_class(size);
     th_page_t *page = heap->queues[c].first;
     if (th_likely(page != NULL && page->secure_free != NULL)) {
       if (th_unlikely(zero_on_free())) return block_out_zero(page, size);
@@ -719,7 +728,7 @@ void *secure_malloc(th_heap_t *heap, size_t size) {
  * served its time, or a page with a free block. */
 void *secure_malloc_fill(th_heap_t *heap, size_t size) {
   if (size > TH_LARGE_MAX - SLACK) return heap_malloc_huge(heap, size); /* huge_alloc guards it */
-  size_t c = size_class(size + SLACK);
+  size_t c = secure_class(size);
   th_page_t *page;
   do { /* a page whose remote frees arrived while it was being parked has none on secure_free: again */
     collect_class(heap, c);
@@ -799,7 +808,7 @@ bool secure_realloc(th_segment_t *seg, th_page_t *page, void *p, size_t size) {
   }
   uint8_t *b = (uint8_t *)p - page_block_offset(page, p);
   if (!block_intact(page, b)) report_overflow(page, b, p);
-  if ((uint8_t *)p != b || size > page->block_size - SLACK || size_class(size + SLACK) != page->class_idx)
+  if ((uint8_t *)p != b || size > page->block_size - SLACK || secure_class(size) != page->class_idx)
     return false;
   block_mark(page, b, size);
   return true;
