@@ -422,12 +422,7 @@ def bench(programs, allocators, libs, ref_name, scale, reps, workdir):
 def allocator_libs(text, lib):
     """--allocators: the built-in names and NAME=PATH items (threadheap bench's grammar), each with the
     library to preload (None: glibc). Raises BenchError."""
-    for item in (text or "").split(","):
-        name = item.strip()
-        if name and "=" not in name and name not in ALLOCATORS:
-            raise BenchError(f"unknown allocator '{name}' (known: {', '.join(ALLOCATORS)}; or NAME=PATH "
-                             "to preload a library)")
-    names, external = parse_allocators(text)
+    names, external = parse_allocators(text, known=ALLOCATORS)
     builtin = {"glibc": None, "threadheap": lib, **PEERS}
     return names, {name: str(external[name].resolve()) if name in external else builtin[name] for name in names}
 

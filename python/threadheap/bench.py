@@ -89,10 +89,11 @@ ALLOCATOR_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 RESERVED_NAMES = ("os", "th")
 
 
-def parse_allocators(text):
-    """--allocators: built-in names and NAME=PATH items, a library to preload (snmalloc=/opt/libsnmalloc.so).
-    Returns the names in order and {name: path as given} of the NAME=PATH items. A built-in name given with a
-    path must be that allocator's own library: resolve_allocators checks it."""
+def parse_allocators(text, known=ALLOCATORS):
+    """--allocators: built-in names (those of known) and NAME=PATH items, a library to preload
+    (snmalloc=/opt/libsnmalloc.so). Returns the names in order and {name: path as given} of the NAME=PATH
+    items. A built-in name given with a path must be that allocator's own library: resolve_allocators checks
+    it."""
     items = [t.strip() for t in (text or "").split(",")]
     if not text or any(not t for t in items):
         raise BenchError(f"malformed allocator list '{text}'")
@@ -100,8 +101,8 @@ def parse_allocators(text):
     for item in items:
         name, eq, path = (t.strip() for t in item.partition("="))
         if not eq:
-            if name not in ALLOCATORS:
-                raise BenchError(f"unknown allocator '{name}' (known: {', '.join(ALLOCATORS)}; or NAME=PATH "
+            if name not in known:
+                raise BenchError(f"unknown allocator '{name}' (known: {', '.join(known)}; or NAME=PATH "
                                  "to preload a library)")
         elif not ALLOCATOR_NAME.fullmatch(name) or not path:
             raise BenchError(f"malformed allocator '{item}' (NAME=PATH, NAME of letters, digits and _.+-)")
