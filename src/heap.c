@@ -231,8 +231,14 @@ void heap_purge(th_heap_t *heap, bool force) {
   uint64_t delay = (uint64_t)th_options.purge_delay;
   if (!force && now < heap->next_purge_ms) return;
   heap_release_swept(heap);
+  uint64_t round = purge_round_ms(delay);
+  bool paused = heap->last_round_ms != 0 && now - heap->last_round_ms > 2 * round;
+  if (paused) heap->paused_ms += now - heap->last_round_ms - round; /* counted as one round interval */
+  heap->last_round_ms = now;
+  process_clock_round(now, round);
+  uint64_t clock = heap_clock(heap, now);
   /* Sweepers read it (sweep.c): a relaxed atomic store, a plain mov. */
-  __atomic_store_n(&heap->next_purge_ms, now + purge_round_ms(delay), __ATOMIC_RELAXED);
+  __atomic_store_n(&heap->next_purge_ms, now + round, __ATOMIC_RELAXED);
   /* Remote frees into a secure heap wait in its quarantine, not on pages this round may free, and classes
    * no longer freed let theirs go (secure.c). */
   if (th_unlikely(heap->secure != NULL) && !force) secure_purge(heap);
@@ -247,26 +253,26 @@ void heap_purge(th_heap_t *heap, bool force) {
         page->free_since_ms = 0; /* in use: the empty clock starts again from the next round */
         /* A page started in a committed slot: its uncarved rest goes once it stops growing for a round
          * (pages of larger blocks: once idle for the delay, below), or now with force (th_collect,
-         * malloc_trim). idle_used holds its last capacity. */
+         * malloc_trim). idle_used holds its last capacity. A round after a pause is not such a round. */
         if (!page->tail_fresh && page->block_size <= TH_PURGE_BLOCK_MIN && heap->secure == NULL) {
-          if (force || page->idle_used == page->capacity) page_purge_tail(page);
+          if (force || (page->idle_used == page->capacity && !paused)) page_purge_tail(page);
           else page->idle_used = (uint32_t)page->capacity;
         }
         /* (A secure page's free blocks are on secure_free, where idle_free would be.) */
         if (page->block_size > TH_PURGE_BLOCK_MIN && heap->secure == NULL)
-          heap_purge_idle_page(page, now, delay, force);
+          heap_purge_idle_page(page, clock, delay, force);
         continue;
       }
       if (page != heap->queues[c].first || page->next != NULL || force) {
         page_free_empty(heap, page);
       } else if (page->free_since_ms == 0) {
-        page->free_since_ms = now; /* the kept page of its class: freed once empty for the delay */
-      } else if (now - page->free_since_ms >= delay) {
+        page->free_since_ms = clock; /* the kept page of its class: freed once empty for the delay */
+      } else if (clock - page->free_since_ms >= delay) {
         page_free_empty(heap, page);
       }
     }
   }
-  heap_purge_slots(heap, now, force ? 0 : delay);
+  heap_purge_slots(heap, clock, force ? 0 : delay);
   /* The process-wide cache keeps its own clock even when this heap purges everything (thread exit):
    * other threads' large blocks stay cached. th_collect empties it. */
   segment_cache_purge(false);
@@ -371,11 +377,12 @@ void heap_exit(th_heap_t *heap) {
   if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap);
   heap_release_swept(heap);
   heap_collect_remote(heap);
-  heap_purge_slots(heap, os_now_ms(), (uint64_t)th_options.purge_delay / 8);
+  heap_purge_slots(heap, heap_clock(heap, os_now_ms()), (uint64_t)th_options.purge_delay / 8);
   while (heap->purge.first) {
     th_page_t *page = heap->purge.first;
     heap_queue_remove(heap, &heap->purge, page);
-    page->purge_pending = 0; /* free_since_ms stays: the adopter's clock starts from it */
+    page->purge_pending = 0;
+    page->free_since_ms += heap->paused_ms; /* to wall time: the adopter's clock starts from it */
   }
   segment_cache_purge(false);
 }

@@ -135,6 +135,7 @@ void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched
 void segment_release(th_segment_t *seg);
 size_t segment_cache_resident(void);
 void segment_cache_purge(bool force);
+void process_clock_round(uint64_t now, uint64_t round); /* a purge round of any heap: the process clock (segment.c) */
 void segment_abandon(th_segment_t *seg);
 bool segment_try_adopt(th_heap_t *heap, th_kind_t kind, uint64_t min_age_ms);
 void segment_lock_all(unsigned level);
@@ -527,6 +528,9 @@ static inline bool heap_is_explicit(const th_heap_t *heap) { return (heap->flags
 /* The time between two purge rounds of a heap (heap_purge), and between two sweeps (sweep.c): a quarter of
  * the purge delay, at least 10 ms. */
 static inline uint64_t purge_round_ms(uint64_t delay) { return delay / 4 > 10 ? delay / 4 : 10; }
+
+/* The heap's purge clock at wall time now (th_heap_t.paused_ms). */
+static inline uint64_t heap_clock(const th_heap_t *heap, uint64_t now) { return now - heap->paused_ms; }
 
 /* The owner enters and leaves its heap's slow paths, everything that touches more than the first page of a
  * class: a sweeper (sweep.c) frees pages of a heap only while it holds the heap and its owner is in none.

@@ -18,6 +18,22 @@ static size_t cache_bytes;
 static _Atomic(size_t) cache_count; /* for a lock-free peek: a stale zero only costs a map */
 static _Atomic(uint64_t) cache_next_purge_ms;
 
+/* The clock of the cache and of abandoned segments, process-wide: wall time less the process's pauses, the
+ * gaps between purge rounds of any heap past two round intervals, each counted as one interval (a heap's own
+ * clock, th_heap_t.paused_ms, does the same for its slots and pages). A program whose threads all slept
+ * finds its free segments cached as it left them, instead of unmapped by its first round. */
+static _Atomic(uint64_t) process_last_round_ms, process_paused_ms;
+
+void process_clock_round(uint64_t now, uint64_t round) {
+  uint64_t last = atomic_exchange_explicit(&process_last_round_ms, now, memory_order_relaxed);
+  if (last != 0 && now > last && now - last > 2 * round)
+    atomic_fetch_add_explicit(&process_paused_ms, now - last - round, memory_order_relaxed);
+}
+
+static uint64_t process_clock(void) {
+  return os_now_ms() - atomic_load_explicit(&process_paused_ms, memory_order_relaxed);
+}
+
 /* Abandoned segments, one list per page kind; a thread short of pages adopts from here before mapping. An
  * exiting thread pushes its segments on abandoned_incoming without a lock (a thread may exit while another
  * forks); an adopter, under the lock, moves them to the lists. abandoned_count counts both. */
@@ -320,7 +336,7 @@ void segment_release(th_segment_t *seg) {
     }
   }
   if (merged) segment_map_set(seg, seg->size, true);
-  seg->cached_since_ms = os_now_ms();
+  seg->cached_since_ms = process_clock();
   seg->in_cache = 1;
   seg->prev = NULL;
   seg->next = cache_first;
@@ -363,7 +379,7 @@ size_t segment_cache_resident(void) {
 
 /* Unmap cached segments unused for the purge delay (all of them with force). Cheap when nothing is due. */
 void segment_cache_purge(bool force) {
-  uint64_t now = os_now_ms();
+  uint64_t now = process_clock();
   uint64_t due = atomic_load_explicit(&cache_next_purge_ms, memory_order_relaxed);
   if (!force && (due == 0 || now < due)) return;
   th_segment_t *expired = NULL;
@@ -493,7 +509,7 @@ static void page_slot_free(th_heap_t *heap, th_page_t *page, bool release_unused
     heap_segment_link_front(heap, seg);
   }
   if (!page->is_purged && !seg->is_pinned) {
-    page->free_since_ms = os_now_ms();
+    page->free_since_ms = heap_clock(heap, os_now_ms());
     page->purge_pending = 1;
     heap_queue_push_back(heap, &heap->purge, page);
   }
@@ -524,7 +540,7 @@ void segment_abandon(th_segment_t *seg) {
   atomic_store_explicit(&seg->remote_batch, 0, memory_order_relaxed);
   atomic_store_explicit(&seg->thread_id, 0, memory_order_release);
   atomic_store_explicit(&seg->heap, NULL, memory_order_release);
-  seg->cached_since_ms = os_now_ms();
+  seg->cached_since_ms = process_clock();
   seg->prev = NULL;
   th_segment_t *top = atomic_load_explicit(&abandoned_incoming, memory_order_relaxed);
   do seg->next = top;
@@ -565,7 +581,7 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind, uint64_t min_age_ms) {
   /* Only a segment made in the heap's own mode: secure pages keep their free blocks elsewhere (secure.c).
    * The mode changes only when the options are read at start (secure_start), so the other kind is rare. */
   if (seg && seg->is_secure != (heap->secure != NULL)) seg = NULL;
-  if (seg && min_age_ms != 0 && os_now_ms() - seg->cached_since_ms < min_age_ms) seg = NULL;
+  if (seg && min_age_ms != 0 && process_clock() - seg->cached_since_ms < min_age_ms) seg = NULL;
   if (seg) {
     abandoned_last[kind] = seg->prev;
     if (seg->prev) seg->prev->next = NULL;
@@ -584,7 +600,10 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind, uint64_t min_age_ms) {
   for (size_t i = seg->is_pinned ? 0 : seg->page_count; i-- > 0;) { /* (a pinned one's slots stay committed) */
     th_page_t *page = &seg->pages[i];
     if (page->in_use || page->is_purged || page->purge_pending) continue;
-    if (page->free_since_ms == 0) page->free_since_ms = os_now_ms();
+    /* Wall time (heap_exit) to this heap's clock: a slot freed before this heap's pauses looks older. */
+    uint64_t freed = page->free_since_ms, wall = os_now_ms();
+    if (freed == 0 || freed > wall) freed = wall;
+    page->free_since_ms = freed > heap->paused_ms ? heap_clock(heap, freed) : 1;
     page->purge_pending = 1;
     heap_queue_push_front(heap, &heap->purge, page);
   }

@@ -223,7 +223,7 @@ struct th_segment_s {
   _Atomic(th_heap_t *) heap;
   th_segment_t *next, *prev; /* the heap's segment list of this kind, the abandoned list, or the cache */
   uint64_t page_index_mask;  /* on the first cache line with thread_id and page_index_shift: a free reads all three */
-  uint64_t cached_since_ms;  /* when it entered the cache; when it was abandoned, while abandoned */
+  uint64_t cached_since_ms;  /* when it entered the cache, or was abandoned (the process clock, segment.c) */
   size_t huge_committed;     /* huge: bytes from the segment start to the block's end, in OS pages */
   size_t huge_size;          /* huge: the size asked for (the attribution's in_use) */
   /* huge, while profiling: the block's sample (NULL: not sampled) and its estimates (profile.c) */
@@ -306,6 +306,12 @@ struct th_heap_s {
   th_segment_t *segments[TH_KINDS_PAGED]; /* segments with a free page slot first */
   th_heap_counters_t stat;
   uint64_t next_purge_ms;             /* heap_purge does nothing before this time */
+  /* The purge clock (heap_clock): wall time less the heap's pauses, the gaps between its purge rounds past
+   * two round intervals (the thread slept, or ran only its fast paths), each counted as one interval. The
+   * ages of the heap's free slots and idle pages are on it, so memory is not given back at the first round
+   * after a pause for having waited through it: the program just woke and is about to reuse it. */
+  uint64_t paused_ms;
+  uint64_t last_round_ms;             /* the last purge round, wall time (0: none yet) */
   th_heap_t *next_free;               /* link in the pool of unused heap structs */
   /* explicit heaps only */
   unsigned flags;                     /* TH_HEAP_NO_SERIALIZE, TH_HEAP_EXPLICIT */

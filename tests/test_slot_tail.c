@@ -17,35 +17,10 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "purge_rounds.h"
 #include "threadheap.h"
 
 enum { BLOCKS = 3 * 64, SLOT = 65536 };
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* Rounds come from the owner's clock tick, once every 4,096 frees of a page. */
-static void run_rounds(double seconds) {
-  for (double end = now_s() + seconds; now_s() < end;) {
-    for (int i = 0; i < 20000; i++) {
-      volatile char *p = th_malloc(16);
-      p[0] = (char)i;
-      th_free((void *)p);
-    }
-  }
-}
-
-static long resident_pages(uintptr_t lo, size_t len) {
-  size_t ps = (size_t)sysconf(_SC_PAGESIZE);
-  unsigned char vec[SLOT / 4096 + 1];
-  if (mincore((void *)lo, len, vec) != 0) return -1;
-  long n = 0;
-  for (size_t i = 0; i < len / ps; i++) n += vec[i] & 1;
-  return n;
-}
 
 int main(void) {
   static unsigned char *a[BLOCKS];

@@ -1,0 +1,68 @@
+/* test_purge_pause.c: memory a heap left free before a pause is not given back at the purge rounds just
+ * after it, but once the heap has run for the purge delay without using it.
+ *
+ * One thread fills three pages of 1,008-byte blocks, writes every block and frees them all; a purge round
+ * frees the empty pages but the first of the class to their segment, where their slots wait, committed, for
+ * the purge delay (CTest sets 600 ms: rounds every 150 ms). The thread then sleeps three delays, so that by
+ * the wall clock the slots have waited long enough; the rounds of a short burst after the pause must leave
+ * them resident (mincore), since a pause is not counted toward the delay (th_heap_t.paused_ms): a program
+ * that wakes is about to reuse what it had. Rounds for more than two delays after it must give them back.
+ * The same for a huge block freed before the pause, whose segment waits in the process-wide cache (its clock
+ * in segment.c). */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "purge_rounds.h"
+#include "threadheap.h"
+
+enum { BLOCKS = 3 * 64, SLOT = 65536, BIG = 2 << 20 };
+
+int main(void) {
+  const char *delay_env = getenv("THREADHEAP_PURGE_DELAY");
+  double delay = delay_env ? atof(delay_env) / 1000 : 0;
+  if (!CHECK(delay >= 0.3)) return check_summary(); /* CTest's 600 ms: the timings below need room */
+
+  static unsigned char *a[BLOCKS];
+  for (int i = 0; i < BLOCKS; i++) {
+    a[i] = th_malloc(1008);
+    if (!CHECK(a[i] != NULL)) return check_summary();
+    memset(a[i], 0x5a, 1008);
+  }
+  /* The second page's slot: blocks 65-129 (65 fit in a page), whichever slot the first page took. */
+  uintptr_t slot = (uintptr_t)a[100] & ~(uintptr_t)(SLOT - 1);
+  /* a[0] stays: a segment left with no block goes to the process-wide cache, tested below with its own */
+  for (int i = 1; i < BLOCKS; i++) th_free(a[i]);
+  /* A huge block, written and freed: its segment waits in the cache, resident, for the delay. */
+  unsigned char *big = th_malloc(BIG);
+  if (!CHECK(big != NULL)) return check_summary();
+  memset(big, 0x5a, BIG);
+  uintptr_t big_at = (uintptr_t)big & ~(uintptr_t)(sysconf(_SC_PAGESIZE) - 1); /* (mincore takes OS pages) */
+  th_free(big);
+  run_rounds(delay / 3); /* a round frees the empty second page: its slot stays committed for the delay */
+  long before = resident_pages(slot, SLOT), big_before = resident_pages(big_at, BIG);
+  CHECK(before >= 12);                      /* its 64 written blocks */
+  CHECK(big_before == BIG / sysconf(_SC_PAGESIZE)); /* the whole block */
+
+  usleep((useconds_t)(3 * delay * 1e6));
+  run_rounds(delay / 12); /* the rounds just after the pause */
+  long woken = resident_pages(slot, SLOT), big_woken = resident_pages(big_at, BIG);
+  CHECK(woken == before);
+  CHECK(big_woken == big_before);
+
+  run_rounds(2.5 * delay); /* the delay, and more, of rounds with the slot unused */
+  long later = resident_pages(slot, SLOT), big_later = resident_pages(big_at, BIG);
+  CHECK(later == 0);
+  CHECK(big_later <= 0); /* purged or unmapped */
+
+  printf("resident pages of the slot: %ld before the pause, %ld after it, %ld after %.1f s of rounds; of the huge "
+         "block: %ld, %ld, %ld\n", before, woken, later, 2.5 * delay, big_before, big_woken, big_later);
+  th_free(a[0]);
+  return check_summary();
+}
