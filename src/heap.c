@@ -232,9 +232,9 @@ void heap_purge(th_heap_t *heap, bool force) {
   if (!force && now < heap->next_purge_ms) return;
   heap_release_swept(heap);
   uint64_t round = purge_round_ms(delay);
-  bool paused = heap->last_round_ms != 0 && now - heap->last_round_ms > 2 * round;
-  if (paused) heap->paused_ms += now - heap->last_round_ms - round; /* counted as one round interval */
-  heap->last_round_ms = now;
+  uint64_t last = heap->next_purge_ms != 0 ? heap->next_purge_ms - round : 0; /* the last round (0: none) */
+  bool paused = last != 0 && now - last > 2 * round;
+  if (paused) heap->paused_ms += now - last - round; /* counted as one round interval */
   process_clock_round(now, round);
   uint64_t clock = heap_clock(heap, now);
   /* Sweepers read it (sweep.c): a relaxed atomic store, a plain mov. */

@@ -311,7 +311,6 @@ struct th_heap_s {
    * ages of the heap's free slots and idle pages are on it, so memory is not given back at the first round
    * after a pause for having waited through it: the program just woke and is about to reuse it. */
   uint64_t paused_ms;
-  uint64_t last_round_ms;             /* the last purge round, wall time (0: none yet) */
   th_heap_t *next_free;               /* link in the pool of unused heap structs */
   /* explicit heaps only */
   unsigned flags;                     /* TH_HEAP_NO_SERIALIZE, TH_HEAP_EXPLICIT */
