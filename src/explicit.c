@@ -136,7 +136,7 @@ TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max
     size_t head = align_up(segment_header_size(TH_SEGMENT_SIZE >> TH_SMALL_PAGE_SHIFT, seg->is_secure), ps);
     size_t n = align_up(initial_size - done < TH_SEGMENT_SIZE ? initial_size - done : TH_SEGMENT_SIZE, ps);
     if (n > head) os_commit((uint8_t *)seg + head, n - head);
-    atomic_store_explicit(&seg->thread_id, heap->thread_id, memory_order_relaxed);
+    segment_set_owner(seg, heap->thread_id);
     atomic_store_explicit(&seg->heap, heap, memory_order_relaxed);
     seg->is_pinned = 1;
     seg->next = heap->reserve;

@@ -104,45 +104,60 @@ static inline void free_remote_hold(th_segment_t *seg, th_page_t *page, th_block
 /* The same for secure mode's remote frees (secure.c), which check and tag the block themselves. */
 void free_remote_send(th_segment_t *seg, th_page_t *page, th_block_t *b) { free_remote_hold(seg, page, b); }
 
+/* Every free th_free's page map does not take: a secure segment's block (or a sampled one) goes to
+ * secure_free_fast, the rest (NULL, huge blocks, foreign pointers, misuse) to free_checked. */
+TH_NOINLINE static void free_other(void *p) {
+  uintptr_t region = (uintptr_t)p >> TH_SEGMENT_SHIFT;
+  if (region < TH_MAP_ENTRIES && atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) == TH_MAP_SLOW) {
+    secure_free_fast(p);
+    return;
+  }
+  free_checked(p);
+}
+
 /* A free by a thread that does not own the segment (or of a serialized heap's block, or an abandoned one),
  * with th_free's segment lookup passed on: a block start of a live page (a free page slot or a huge block
  * has capacity 0 and fails page_is_block) that is not tagged free joins its page's batch, or is pushed with
  * one CAS; the rest go to free_checked, which checks everything. Kept out of th_free so the owner's path stays
  * short. */
-static inline void free_remote_push(th_segment_t *seg, th_block_t *b) {
-  th_page_t *page = segment_page_of(seg, b);
+static inline void free_remote_push(th_page_t *page, th_block_t *b) {
   if (th_likely(page_is_block(page, b) && b->tag != free_tag(b))) {
     b->tag = free_tag(b);
     block_poison(b, page->block_size);
-    free_remote_hold(seg, page, b);
+    free_remote_hold(segment_of_page(page), page, b);
     return;
   }
-  free_checked(b);
+  free_other(b);
 }
 
 /* The remote free when pairs are counted (THREADHEAP_REMOTE_PAIRS): one more free to the same owner as the
  * last one, or a new pair (pairs.c), then the same push. A block that is not a live block start goes on to
  * free_checked uncounted. */
-TH_COLD static void free_remote_count_pair(th_segment_t *seg, th_block_t *b) {
-  th_page_t *page = segment_page_of(seg, b);
+TH_COLD static void free_remote_count_pair(th_page_t *page, th_block_t *b) {
   if (page_is_block(page, b) && b->tag != free_tag(b)) {
-    th_heap_t *owner = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+    th_heap_t *owner = atomic_load_explicit(&segment_of_page(page)->heap, memory_order_relaxed);
     th_remote_pair_slot_t *last = &th_heap_tls->remote[0];
     if (atomic_load_explicit(&last->owner, memory_order_relaxed) == owner) pairs_count_one(&last->count);
     else pairs_note_owner(owner);
   }
-  free_remote_push(seg, b);
+  free_remote_push(page, b);
 }
 
 /* Counting who frees whose memory is one test at the top, so that the push's code is the same with it off:
  * a branch inside made the compiler address the page twice, and counting inline, even in three
  * instructions, slowed the producer/consumer benchmark (docs/design.md). */
-TH_NOINLINE TH_HOT static void free_remote(th_segment_t *seg, th_block_t *b) {
-  if (th_unlikely(th_options.remote_pairs)) {
-    free_remote_count_pair(seg, b);
+TH_NOINLINE TH_HOT static void free_remote(th_block_t *b, th_page_t *page) {
+  if (th_unlikely(page == &th_page_map_slow)) {
+    /* A pointer into a secure segment, or a sampled one, unless bits past the 47 the map reads are set. */
+    if (th_likely((uintptr_t)b >> TH_ADDRESS_BITS == 0)) secure_free_fast(b);
+    else free_checked(b);
     return;
   }
-  free_remote_push(seg, b);
+  if (th_unlikely(th_options.remote_pairs)) {
+    free_remote_count_pair(page, b);
+    return;
+  }
+  free_remote_push(page, b);
 }
 
 /* The fast path: owner thread, a block start, not tagged as free. No lock, no atomic read-modify-write;
@@ -152,28 +167,17 @@ TH_NOINLINE TH_HOT static void free_remote(th_segment_t *seg, th_block_t *b) {
  * loop that empties its page again and again pays nothing for it. */
 TH_API TH_HOT void th_free(void *p) {
   vg_free(p); /* explicit heaps under valgrind (TH_VALGRIND); nothing otherwise */
-  uintptr_t region = (uintptr_t)p >> TH_SEGMENT_SHIFT;
-  uint8_t entry =
-      th_likely(region < TH_MAP_ENTRIES) ? atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) : 0;
-  if (th_likely(entry == 1)) {
-    /* p masked, which runs beside the map's load: every load below waits for the segment, and the region
-     * shifted back (no bounds test, two instructions fewer) made the pair slower (docs/design.md). */
-    th_segment_t *seg = (th_segment_t *)((uintptr_t)p & ~(TH_SEGMENT_SIZE - 1));
-    th_page_t *page = segment_page_of(seg, p);
-    th_block_t *b = p;
-    if (th_unlikely(atomic_load_explicit(&seg->thread_id, memory_order_relaxed) != thread_id())) {
-      free_remote(seg, b); /* the page is found there: computing it here costs the owner's path */
-      return;
-    }
-    if (th_likely(page_is_block_owner(page, p) && b->tag != free_tag(b))) {
-      /* The free count carried: once every 4,096 frees of the page, and at the first free into a page
-       * parked as full. The owner is the thread's default heap or one of its no-serialize explicit heaps. */
-      if (th_unlikely(free_push_local(page, b)))
-        heap_free_tick(atomic_load_explicit(&seg->heap, memory_order_relaxed), page);
-      return;
-    }
-  } else if (entry == TH_MAP_SLOW) { /* a secure segment's block (or a sampled one): apart from the checks */
-    secure_free_fast(p);
+  th_page_t *page = page_map_lookup(p);
+  th_block_t *b = p;
+  if (th_unlikely(atomic_load_explicit(&page->owner, memory_order_relaxed) != thread_id())) {
+    free_remote(b, page); /* the stand-ins go there too (owner 0); b first, where th_free has it */
+    return;
+  }
+  if (th_likely(page_is_block_owner(page, p) && b->tag != free_tag(b))) {
+    /* The free count carried: once every 4,096 frees of the page, and at the first free into a page
+     * parked as full. The owner is the thread's default heap or one of its no-serialize explicit heaps. */
+    if (th_unlikely(free_push_local(page, b)))
+      heap_free_tick(atomic_load_explicit(&segment_of_page(page)->heap, memory_order_relaxed), page);
     return;
   }
   free_checked(p);

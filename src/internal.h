@@ -123,7 +123,26 @@ bool page_is_valid(const th_page_t *page);
 
 /* ---- segment.c */
 extern _Atomic(uint8_t) th_segment_map[TH_MAP_ENTRIES];
+/* The page map (segment.c): a word per 64 KiB of the address space, the offset from the map's own start to
+ * the descriptor of the page there, for the pages of paged segments whose frees th_free may take. Every other
+ * entry names one of two stand-in descriptors of zeros (owner 0, capacity 0), which fail every test th_free
+ * makes: 0 names the map's first 128 bytes (its entries for the first MiB of the address space, where no
+ * segment can be), for memory that is not a paged segment's (huge blocks, cached memory, foreign
+ * pointers); th_page_map_slow, for the pages of secure and sampled segments, so that free_remote sends
+ * their frees to secure_free_fast by one compare. mask is 2^31 - 1 once the map is reserved, and 0 before,
+ * or when the OS refused its address space: every pointer then takes entry 0 and every free the checked
+ * path. One cache line: th_free reads both. */
+typedef struct th_page_map_s {
+  _Atomic(uintptr_t *) map;
+  /* Written once, before the first segment the map names (__atomic_store_n), read plainly: th_free's `and`
+   * then takes it from memory, where an atomic load costs a separate instruction. */
+  uintptr_t mask;
+} th_page_map_t;
+extern th_page_map_t th_page_map;
+#define TH_PAGE_MAP_SHIFT 16
+extern th_page_t th_page_map_slow;
 th_segment_t *segment_lookup_slow(uintptr_t region, uint8_t back);
+void segment_set_owner(th_segment_t *seg, uintptr_t thread_id);
 void segment_map_set(th_segment_t *seg, size_t size, bool mapped);
 th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind);
 void segment_page_free(th_heap_t *heap, th_page_t *page);
@@ -417,6 +436,15 @@ static inline th_page_t *segment_page_of(th_segment_t *seg, const void *p) {
   return (th_page_t *)((uint8_t *)seg->pages + (((uintptr_t)p >> seg->page_index_shift) & seg->page_index_mask));
 }
 
+/* The page descriptor th_free takes for p: the page map's entry for p's low 47 bits (a shift and the mask,
+ * no bounds test: a pointer past 2^47 names another address's page, whose block-start test its high bits
+ * then fail). A stand-in of zeros for memory that is not a paged segment's, or a secure one's. */
+static inline th_page_t *page_map_lookup(const void *p) {
+  uintptr_t i = ((uintptr_t)p >> TH_PAGE_MAP_SHIFT) & th_page_map.mask;
+  uintptr_t *map = atomic_load_explicit(&th_page_map.map, memory_order_relaxed);
+  return (th_page_t *)((uintptr_t)map + __atomic_load_n(&map[i], __ATOMIC_RELAXED));
+}
+
 /* A page descriptor's segment: descriptors live in their segment's header, in its first region. */
 static inline th_segment_t *segment_of_page(const th_page_t *page) {
   return (th_segment_t *)((uintptr_t)page & ~(uintptr_t)(TH_SEGMENT_SIZE - 1));
@@ -509,11 +537,11 @@ static inline th_page_t *block_page_fast(const void *p) {
   return page;
 }
 
-/* Offset of p from the block that holds it: 0 for a block start. Multiply-shift, no division. */
+/* Offset of p from the block that holds it: 0 for a block start. Slow paths only (a 32-bit division: a
+ * page's offsets are under 4 MiB). */
 static inline size_t page_block_offset(const th_page_t *page, const void *p) {
-  size_t off = (size_t)((const uint8_t *)p - page->start);
-  size_t idx = (size_t)(((uint64_t)off * page->block_magic) >> 44);
-  return off - idx * page->block_size;
+  uint32_t off = (uint32_t)((const uint8_t *)p - page->start);
+  return off % page->block_size;
 }
 
 static inline size_t align_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }

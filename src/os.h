@@ -18,6 +18,13 @@ size_t os_cpu_count(void);
 void *os_map_aligned(size_t size, size_t align);
 /* Reserve address space only (no access); NULL on failure. */
 void *os_reserve(size_t size);
+/* Reserve address space that reads as zero and takes no memory until written, which needs os_make_writable
+ * first (a read-only mapping is not charged against strict overcommit's limit; writable ranges are);
+ * NULL on failure with errno set. */
+void *os_reserve_zero(size_t size);
+bool os_make_writable(void *p, size_t size);
+/* The address-space limit (RLIMIT_AS) in bytes, or SIZE_MAX when there is none. */
+size_t os_address_limit(void);
 void os_unmap(void *p, size_t size);
 /* Give the memory back to the OS; it reads as zero when next touched. p and size are page multiples. */
 void os_purge(void *p, size_t size);

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/auxv.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -88,6 +89,23 @@ void *os_reserve(size_t size) {
     return NULL;
   }
   return p;
+}
+
+void *os_reserve_zero(size_t size) {
+  void *p = TIMED(mmap(NULL, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+  return p == MAP_FAILED ? NULL : p;
+}
+
+bool os_make_writable(void *p, size_t size) {
+  if (TIMED(mprotect(p, size, PROT_READ | PROT_WRITE)) == 0) return true;
+  options_verbose("the OS refused to make %zu bytes writable (errno %d)", size, errno);
+  return false;
+}
+
+size_t os_address_limit(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return SIZE_MAX;
+  return (size_t)rl.rlim_cur;
 }
 
 void os_unmap(void *p, size_t size) {

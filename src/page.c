@@ -35,7 +35,6 @@ void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_id
   size_t bsize = class_size(class_idx);
   page->start = area;
   page->block_size = (uint32_t)bsize;
-  page->block_magic = (((uint64_t)1 << 44) + bsize - 1) / bsize;
   unsigned shift = (unsigned)__builtin_ctzl(bsize);
   uint64_t d = bsize >> shift, inv = d; /* d * d == 1 mod 8; each step doubles the correct low bits */
   for (int i = 0; i < 5; i++) inv *= 2 - d * inv;
@@ -71,7 +70,6 @@ void page_forget(th_page_t *page) {
   page->free = page->local_free = NULL;
   page->start = NULL;
   page->block_size = 0;
-  page->block_magic = 0;
   page->block_inv = 0;
   page->block_shift = 0;
   __atomic_store_n(&page->capacity, 0, __ATOMIC_RELAXED);

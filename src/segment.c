@@ -62,6 +62,97 @@ void segment_map_range(size_t *lo, size_t *hi) {
   *hi = atomic_load_explicit(&map_hi, memory_order_relaxed);
 }
 
+/* The page map (internal.h): 2^31 words, 16 GiB of address space, reserved read-only at the first segment
+ * (untouched, it reads as zero and costs no memory, nor any commit charge under strict overcommit); each
+ * 4 KiB page of it, 32 MiB of address space, is made writable when a segment there is first laid out in
+ * pages (page_map_prepare). Until then, and for good if the OS refuses the space (an address-space limit,
+ * ulimit -v), the map is page_map_none with mask 0: th_free finds the stand-in for every pointer and sends
+ * every free to the checked path, slower but whole. */
+#define PAGE_MAP_ENTRIES ((size_t)1 << (TH_ADDRESS_BITS - TH_PAGE_MAP_SHIFT))
+#define PAGE_MAP_BYTES (PAGE_MAP_ENTRIES * sizeof(uintptr_t))
+#define PAGE_MAP_PAGE 4096
+static uintptr_t page_map_none[sizeof(th_page_t) / sizeof(uintptr_t)]; /* entry 0's stand-in until reserved */
+th_page_t th_page_map_slow; /* the stand-in of secure and sampled segments' pages */
+_Alignas(64) th_page_map_t th_page_map = {page_map_none, 0};
+/* Bit i: the map's page i is writable. 512 KiB of zeros, touched only where segments are. */
+static _Atomic(uint64_t) page_map_writable[PAGE_MAP_BYTES / PAGE_MAP_PAGE / 64];
+static _Atomic(int) page_map_state; /* 0 not tried, 1 reserved, 2 refused */
+
+/* The map, reserved at the first call; NULL when the OS refused it. Threads that get here at once each
+ * reserve, and all but the first give theirs back. */
+static uintptr_t *page_map_reserve(void) {
+  int state = atomic_load_explicit(&page_map_state, memory_order_acquire);
+  if (th_likely(state == 1)) return atomic_load_explicit(&th_page_map.map, memory_order_relaxed);
+  if (state == 2) return NULL;
+  uintptr_t *map = os_reserve_zero(PAGE_MAP_BYTES);
+  if (map == NULL) {
+    int none = 0;
+    if (atomic_compare_exchange_strong_explicit(&page_map_state, &none, 2, memory_order_acq_rel, memory_order_acquire)) {
+      size_t limit = os_address_limit();
+      options_verbose("the OS refused the page map's %zu GiB of address space (address-space limit: %zu MiB): "
+                      "every free takes the checked path", PAGE_MAP_BYTES >> 30,
+                      limit == SIZE_MAX ? (size_t)0 : limit >> 20);
+    }
+    return none == 1 ? atomic_load_explicit(&th_page_map.map, memory_order_relaxed) : NULL;
+  }
+  uintptr_t *none = page_map_none;
+  if (!atomic_compare_exchange_strong_explicit(&th_page_map.map, &none, map, memory_order_acq_rel,
+                                               memory_order_acquire)) {
+    os_unmap(map, PAGE_MAP_BYTES);
+    return none;
+  }
+  __atomic_store_n(&th_page_map.mask, PAGE_MAP_ENTRIES - 1, __ATOMIC_RELEASE);
+  atomic_store_explicit(&page_map_state, 1, memory_order_release);
+  return map;
+}
+
+static inline uintptr_t page_map_index(const void *p) {
+  return ((uintptr_t)p >> TH_PAGE_MAP_SHIFT) & (PAGE_MAP_ENTRIES - 1);
+}
+
+/* Make the map's entries for [seg, seg + size) writable; false when the OS refuses (no memory). */
+static bool page_map_prepare(const th_segment_t *seg, size_t size) {
+  uintptr_t *map = page_map_reserve();
+  if (map == NULL) return true; /* no map: nothing to write */
+  size_t first = page_map_index(seg) * sizeof(uintptr_t) / PAGE_MAP_PAGE;
+  size_t last = ((page_map_index(seg) + (size >> TH_PAGE_MAP_SHIFT)) * sizeof(uintptr_t) - 1) / PAGE_MAP_PAGE;
+  for (size_t i = first; i <= last; i++) {
+    uint64_t bit = (uint64_t)1 << (i & 63);
+    if (atomic_load_explicit(&page_map_writable[i / 64], memory_order_acquire) & bit) continue;
+    if (!os_make_writable((uint8_t *)map + i * PAGE_MAP_PAGE, PAGE_MAP_PAGE)) return false;
+    atomic_fetch_or_explicit(&page_map_writable[i / 64], bit, memory_order_release);
+  }
+  return true;
+}
+
+/* The page map's entries for [seg, seg + size) (page_map_prepare made them writable): when seg is laid out
+ * in pages (paged, page_count != 0), its pages' descriptors, or th_page_map_slow for a secure or sampled
+ * segment; otherwise 0. Only entries that change are written, so that clearing never writes a page of the
+ * map that was never made writable. */
+static void page_map_update(const th_segment_t *seg, size_t size, bool paged) {
+  uintptr_t *map = page_map_reserve();
+  if (map == NULL) return;
+  uintptr_t first = page_map_index(seg);
+  size_t n = size >> TH_PAGE_MAP_SHIFT;
+  paged = paged && seg->page_count != 0;
+  bool slow = seg->is_secure || seg->is_sampled;
+  for (size_t i = 0; i < n; i++) {
+    uintptr_t v = paged && slow ? (uintptr_t)&th_page_map_slow - (uintptr_t)map : 0;
+    if (paged && !slow) {
+      const void *p = (const uint8_t *)seg + (i << TH_PAGE_MAP_SHIFT);
+      v = (uintptr_t)segment_page_of((th_segment_t *)seg, p) - (uintptr_t)map;
+    }
+    if (__atomic_load_n(&map[first + i], __ATOMIC_RELAXED) != v) __atomic_store_n(&map[first + i], v, __ATOMIC_RELAXED);
+  }
+}
+
+/* The owner of a segment and of each of its pages (th_free reads it from the page). */
+void segment_set_owner(th_segment_t *seg, uintptr_t thread_id) {
+  for (uint32_t i = 0; i < seg->page_count; i++)
+    atomic_store_explicit(&seg->pages[i].owner, thread_id, memory_order_relaxed);
+  atomic_store_explicit(&seg->thread_id, thread_id, memory_order_release);
+}
+
 /* The segment's first map entry: TH_MAP_SLOW for a segment of sampled blocks or a secure one, so that
  * th_free sends their frees to secure_free_fast (which passes sampled blocks on to the checks). */
 static void segment_map_mark(const th_segment_t *seg) {
@@ -88,12 +179,14 @@ void segment_map_set(th_segment_t *seg, size_t size, bool mapped) {
     atomic_store_explicit(&th_segment_map[first + i], v, memory_order_relaxed);
   }
   if (mapped) segment_map_mark(seg); /* (a huge block remapped keeps its mark) */
+  page_map_update(seg, size, false); /* laid out in pages by segment_init, not before */
 }
 
 /* A segment of the profiler's sample heap, or one leaving it (a paged segment spans one region). */
 static void segment_set_sampled(th_segment_t *seg, bool sampled) {
   seg->is_sampled = sampled;
   segment_map_mark(seg);
+  page_map_update(seg, TH_SEGMENT_SIZE, true);
 }
 
 /* The segment struct and its page descriptors. A secure segment's header ends on an OS page boundary with a
@@ -250,6 +343,11 @@ th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure) {
     fresh = true;
     if (th_options.huge_pages) os_advise_huge(seg, size);
   }
+  if (kind != TH_KIND_HUGE && !page_map_prepare(seg, TH_SEGMENT_SIZE)) { /* the OS is out of memory */
+    if (fresh) os_unmap(seg, size);
+    else segment_release(seg);
+    return NULL;
+  }
   if (fresh) segment_map_set(seg, size, true);
   segment_init(seg, fresh ? size : seg->size, kind, fresh, secure);
   return seg;
@@ -283,6 +381,7 @@ void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched
   for (size_t i = 0; i < pages; i++) seg->pages[i].is_purged = seg->pages[i].is_zero = untouched;
   seg->is_secure = secure;
   segment_map_mark(seg);
+  page_map_update(seg, size, kind != TH_KIND_HUGE);
   seg->guards = guards;
   seg->guard_end = guard_end;
   if (secure && guards == 0) secure_segment_init(seg);
@@ -307,7 +406,7 @@ void segment_release(th_segment_t *seg) {
    * varying sizes), which guard pages would stop: lifted now, outside the lock. */
   if (seg->guards != 0 && seg->size > TH_SEGMENT_SIZE) secure_segment_release(seg);
   if (seg->is_sampled) segment_set_sampled(seg, false);
-  atomic_store_explicit(&seg->thread_id, 0, memory_order_relaxed);
+  segment_set_owner(seg, 0);
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
   if (seg->size > (size_t)th_options.cache_max || th_options.purge_delay == 0) {
     segment_unmap(seg);
@@ -435,7 +534,7 @@ static void heap_segment_own(th_heap_t *heap, th_segment_t *seg) {
   atomic_store_explicit(&seg->remote_batch, !heap_is_explicit(heap) && seg->kind == TH_KIND_SMALL,
                         memory_order_relaxed);
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
-  atomic_store_explicit(&seg->thread_id, heap->thread_id, memory_order_release);
+  segment_set_owner(seg, heap->thread_id);
   heap_segment_link_front(heap, seg);
 }
 
@@ -538,7 +637,7 @@ void segment_abandon(th_segment_t *seg) {
   /* No owner collects its remote frees until a heap adopts it, and a page held back from emptying makes
    * the adopter carve elsewhere: frees into it are pushed at once (free.c), until heap_segment_own. */
   atomic_store_explicit(&seg->remote_batch, 0, memory_order_relaxed);
-  atomic_store_explicit(&seg->thread_id, 0, memory_order_release);
+  segment_set_owner(seg, 0);
   atomic_store_explicit(&seg->heap, NULL, memory_order_release);
   seg->cached_since_ms = process_clock();
   seg->prev = NULL;

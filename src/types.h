@@ -125,7 +125,9 @@ typedef struct th_mutex_s {
  * Only the owner thread touches the fields above thread_free; any thread may push onto thread_free. */
 typedef struct th_page_s {
   th_block_t *free;       /* malloc pops from here; the owner's frees push here (LIFO) */
-  th_block_t *local_free; /* remote frees collected while free held blocks; moved to free when free runs dry */
+  /* The segment's thread_id, copied into every page descriptor (segment_set_owner): th_free finds the page
+   * through the page map and tests its owner there, without the segment. Written with thread_id. */
+  _Atomic(uintptr_t) owner;
   /* Low TH_USED_BITS bits: blocks handed out and not freed to free/local_free (page_used reads them). The
    * bits above count the owner's frees modulo 2^(32 - TH_USED_BITS): such a free adds TH_FREE_ADD (used >= 1,
    * so that is used - 1 and a carry into the count), and the carry out of the word, once every 4,096 frees,
@@ -165,8 +167,7 @@ typedef struct th_page_s {
   struct th_page_s *next, *prev;   /* heap queue, full queue or purge queue */
   struct th_page_s *ready_next;    /* link on heap->ready (pushed by a remote thread) */
   uint64_t free_since_ms;          /* when the page slot went free, for purging */
-  uint64_t block_magic;   /* ceil(2^44 / block_size): offset -> block index without a division, for any
-                           * offset (page_block_offset); the fast paths use block_inv */
+  th_block_t *local_free; /* remote frees collected while free held blocks; moved to free when free runs dry */
   union {
     /* heap_purge's view of a page in use of blocks past TH_PURGE_BLOCK_MIN: `used_word` and `free` at its
      * last round, and since when (os_now_ms, modulo 2^32) they have not changed. Not in secure mode. */
