@@ -524,15 +524,13 @@ static inline bool page_is_block_owner(const th_page_t *page, const void *p) {
 static inline uintptr_t free_tag(const void *block) { return (uintptr_t)block + TH_FREE_TAG_OFFSET; }
 
 /* The checks free_check_block makes, made as th_free's fast path makes them, for the entry points that look
- * a block up without freeing it (realloc, malloc_usable_size): p in a region whose map entry is 1 (no secure
- * or sampled segment, whose entries are TH_MAP_SLOW), the start of a block its page has carved (a free page
- * slot and a huge block have capacity 0), not tagged free. Its page; NULL when a test fails (NULL
- * included), and free_check_block then decides, and reports. Any thread: capacity is read atomically. */
+ * a block up without freeing it (realloc, malloc_usable_size): p's page from the page map (a stand-in, for
+ * memory that is no paged segment's or a secure or sampled one's, has capacity 0), the start of a block
+ * its page has carved (a free page slot has capacity 0 too), not tagged free. Its page; NULL when a test
+ * fails (NULL included), and free_check_block then decides, and reports. Any thread: capacity is read
+ * atomically. */
 static inline th_page_t *block_page_fast(const void *p) {
-  uintptr_t region = (uintptr_t)p >> TH_SEGMENT_SHIFT;
-  if (th_unlikely(region >= TH_MAP_ENTRIES) || atomic_load_explicit(&th_segment_map[region], memory_order_relaxed) != 1)
-    return NULL;
-  th_page_t *page = segment_page_of((th_segment_t *)((uintptr_t)p & ~(TH_SEGMENT_SIZE - 1)), p);
+  th_page_t *page = page_map_lookup(p);
   if (th_unlikely(!page_is_block(page, p) || ((const th_block_t *)p)->tag == free_tag(p))) return NULL;
   return page;
 }
