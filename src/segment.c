@@ -137,6 +137,13 @@ static void page_map_update(const th_segment_t *seg, size_t size, bool paged) {
   paged = paged && seg->page_count != 0;
   bool slow = seg->is_secure || seg->is_sampled;
   for (size_t i = 0; i < n; i++) {
+    size_t page = (first + i) * sizeof(uintptr_t) / PAGE_MAP_PAGE;
+    if (!paged && !(atomic_load_explicit(&page_map_writable[page / 64], memory_order_acquire) &
+                    ((uint64_t)1 << (page & 63)))) {
+      /* never written: all 0 already; skip to the map's next page without reading this one */
+      i = (page + 1) * PAGE_MAP_PAGE / sizeof(uintptr_t) - first - 1;
+      continue;
+    }
     uintptr_t v = paged && slow ? (uintptr_t)&th_page_map_slow - (uintptr_t)map : 0;
     if (paged && !slow) {
       const void *p = (const uint8_t *)seg + (i << TH_PAGE_MAP_SHIFT);
