@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@
 
 #include "check.h"
 #include "threadheap.h"
+#include "../src/types.h" /* the page descriptor's layout, for case_stale_page's forgery */
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
@@ -199,6 +201,45 @@ static void case_interior_long(int which, enum op op) {
   do_op(op, p);
 }
 
+/* A huge block laid where an explicit heap's small pages were (its segment, cached when the heap was
+ * destroyed, taken again whole): a pointer into it that was a block start of a small page is an interior
+ * pointer of the huge block. The bytes where the old page descriptors were are the block's now, filled
+ * here, every 128 bytes, with a forged descriptor (types.h's layout) that names this thread as owner and
+ * the pointer as a carved block start: a page map that still named them would take the free as the
+ * owner's. Without the cache (THREADHEAP_PURGE_DELAY=0) the range comes back from the OS elsewhere, and
+ * the pointer at the same offset of the block is checked instead. */
+static void case_stale_page(void) {
+  th_heap_t *h = th_heap_create(TH_HEAP_NO_SERIALIZE, 0, 0);
+  if (!h) _exit(91);
+  unsigned char *q = NULL;
+  for (int i = 0; i < 100000 && q == NULL; i++) {
+    unsigned char *p = th_heap_malloc(h, 64);
+    if (!p) _exit(91);
+    if (((uintptr_t)p & (4 * MiB - 1)) >= 64 * KiB) q = p; /* past the segment's first 64 KiB page */
+  }
+  if (!q) _exit(91);
+  uintptr_t seg = (uintptr_t)q & ~(uintptr_t)(4 * MiB - 1);
+  th_heap_destroy(h);
+  uintptr_t *big = th_malloc(3 * MiB);
+  if (!big) _exit(91);
+  const char *delay = getenv("THREADHEAP_PURGE_DELAY");
+  bool cached = delay == NULL || strcmp(delay, "0") != 0;
+  if (((uintptr_t)big & ~(uintptr_t)(4 * MiB - 1)) != seg) {
+    if (cached) _exit(92); /* the cache did not give the segment back: the case cannot be made */
+    q = (unsigned char *)big + ((uintptr_t)q - seg);
+  }
+  th_page_t forged;
+  memset(&forged, 0, sizeof forged);
+  forged.owner = (uintptr_t)pthread_self();
+  forged.start = q;
+  forged.block_inv = 1;
+  forged.block_size = 64;
+  forged.capacity = 1;
+  for (size_t i = 0; i + sizeof forged <= 3 * MiB; i += sizeof forged) memcpy((char *)big + i, &forged, sizeof forged);
+  check_expect("free of interior pointer %p (block %p, size %zu)", (void *)q, (void *)big, th_usable_size(big));
+  th_free(q);
+}
+
 /* ---- negative controls: must exit 0 with nothing on stderr */
 
 static void case_user_data_in_words(void) {
@@ -291,6 +332,7 @@ static void c_interior(int s, int op) { case_interior(s, (enum op)op); }
 static void c_interior_long(int k, int op) { case_interior_long(k, (enum op)op); }
 static void c_user_data(int a, int b) { (void)a, (void)b; case_user_data_in_words(); }
 static void c_recycled(int a, int b) { (void)a, (void)b; case_recycled(); }
+static void c_stale(int a, int b) { (void)a, (void)b; case_stale_page(); }
 
 int main(void) {
   static const char *const who_name[] = {"owner frees twice", "other thread frees twice",
@@ -331,6 +373,7 @@ int main(void) {
                long_region[k]);
       misuse(label, c_interior_long, k, op);
     }
+  misuse("free of a pointer into a huge block where an explicit heap's small pages were", c_stale, 0, 0);
   silent("blocks holding arbitrary values in their first words", c_user_data);
   silent("recycled blocks", c_recycled);
   return check_summary();
