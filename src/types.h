@@ -126,7 +126,8 @@ typedef struct th_mutex_s {
 typedef struct th_page_s {
   th_block_t *free;       /* malloc pops from here; the owner's frees push here (LIFO) */
   /* The segment's thread_id, copied into every page descriptor (segment_set_owner): th_free finds the page
-   * through the page map and tests its owner there, without the segment. Written with thread_id. */
+   * through the page map and tests its owner there, without the segment. Written with thread_id; on the
+   * first cache line, which th_free reads anyway. */
   _Atomic(uintptr_t) owner;
   /* Low TH_USED_BITS bits: blocks handed out and not freed to free/local_free (page_used reads them). The
    * bits above count the owner's frees modulo 2^(32 - TH_USED_BITS): such a free adds TH_FREE_ADD (used >= 1,
@@ -167,7 +168,9 @@ typedef struct th_page_s {
   struct th_page_s *next, *prev;   /* heap queue, full queue or purge queue */
   struct th_page_s *ready_next;    /* link on heap->ready (pushed by a remote thread) */
   uint64_t free_since_ms;          /* when the page slot went free, for purging */
-  th_block_t *local_free; /* remote frees collected while free held blocks; moved to free when free runs dry */
+  /* Remote frees collected while free held blocks; moved to free when free runs dry (heap_malloc_queue).
+   * On the second cache line: its place on the first is owner's. */
+  th_block_t *local_free;
   union {
     /* heap_purge's view of a page in use of blocks past TH_PURGE_BLOCK_MIN: `used_word` and `free` at its
      * last round, and since when (os_now_ms, modulo 2^32) they have not changed. Not in secure mode. */
@@ -199,6 +202,9 @@ typedef struct th_page_queue_s {
  *   map[(segment >> TH_SEGMENT_SHIFT) + i] == segment  for every i < size / TH_SEGMENT_SIZE while mapped
  *   used_pages == count of pages[i].in_use
  *   thread_id == heap->thread_id when owned by a heap; 0 when abandoned, cached or huge
+ *   pages[i].owner == thread_id  for every i < page_count (segment_set_owner writes them together)
+ *   page map words for [segment, segment + size) (segment.c): its pages' descriptors while it is laid out
+ *     in pages and neither secure nor sampled; &th_page_map_slow's offset while it is one of those; else 0
  *   heap == the owner heap; NULL when abandoned or cached, and for huge blocks of thread heaps */
 struct th_segment_s {
   size_t size;               /* mapped bytes */
