@@ -23,6 +23,8 @@ void *os_reserve(size_t size);
  * NULL on failure with errno set. */
 void *os_reserve_zero(size_t size);
 bool os_make_writable(void *p, size_t size);
+/* Give back what os_reserve_zero reserved (counted in no statistic, as the reserve was not). */
+void os_unreserve(void *p, size_t size);
 /* The address-space limit (RLIMIT_AS) in bytes, or SIZE_MAX when there is none. */
 size_t os_address_limit(void);
 void os_unmap(void *p, size_t size);

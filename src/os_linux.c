@@ -102,6 +102,8 @@ bool os_make_writable(void *p, size_t size) {
   return false;
 }
 
+void os_unreserve(void *p, size_t size) { TIMED(munmap(p, size)); }
+
 size_t os_address_limit(void) {
   struct rlimit rl;
   if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return SIZE_MAX;

@@ -98,7 +98,7 @@ static uintptr_t *page_map_reserve(void) {
   uintptr_t *none = page_map_none;
   if (!atomic_compare_exchange_strong_explicit(&th_page_map.map, &none, map, memory_order_acq_rel,
                                                memory_order_acquire)) {
-    os_unmap(map, PAGE_MAP_BYTES);
+    os_unreserve(map, PAGE_MAP_BYTES);
     return none;
   }
   __atomic_store_n(&th_page_map.mask, PAGE_MAP_ENTRIES - 1, __ATOMIC_RELEASE);
