@@ -110,17 +110,22 @@ static inline uintptr_t page_map_index(const void *p) {
   return ((uintptr_t)p >> TH_PAGE_MAP_SHIFT) & (PAGE_MAP_ENTRIES - 1);
 }
 
+/* The map's page that holds entry i, and whether page_map_prepare made it writable. */
+static inline size_t page_map_page_of(uintptr_t i) { return i * sizeof(uintptr_t) / PAGE_MAP_PAGE; }
+static inline bool page_map_page_writable(size_t page) {
+  return (atomic_load_explicit(&page_map_writable[page / 64], memory_order_acquire) >> (page & 63)) & 1;
+}
+
 /* Make the map's entries for [seg, seg + size) writable; false when the OS refuses (no memory). */
 static bool page_map_prepare(const th_segment_t *seg, size_t size) {
   uintptr_t *map = page_map_reserve();
   if (map == NULL) return true; /* no map: nothing to write */
-  size_t first = page_map_index(seg) * sizeof(uintptr_t) / PAGE_MAP_PAGE;
-  size_t last = ((page_map_index(seg) + (size >> TH_PAGE_MAP_SHIFT)) * sizeof(uintptr_t) - 1) / PAGE_MAP_PAGE;
-  for (size_t i = first; i <= last; i++) {
-    uint64_t bit = (uint64_t)1 << (i & 63);
-    if (atomic_load_explicit(&page_map_writable[i / 64], memory_order_acquire) & bit) continue;
-    if (!os_make_writable((uint8_t *)map + i * PAGE_MAP_PAGE, PAGE_MAP_PAGE)) return false;
-    atomic_fetch_or_explicit(&page_map_writable[i / 64], bit, memory_order_release);
+  uintptr_t first = page_map_index(seg);
+  for (size_t page = page_map_page_of(first); page <= page_map_page_of(first + (size >> TH_PAGE_MAP_SHIFT) - 1);
+       page++) {
+    if (page_map_page_writable(page)) continue;
+    if (!os_make_writable((uint8_t *)map + page * PAGE_MAP_PAGE, PAGE_MAP_PAGE)) return false;
+    atomic_fetch_or_explicit(&page_map_writable[page / 64], (uint64_t)1 << (page & 63), memory_order_release);
   }
   return true;
 }
@@ -137,17 +142,15 @@ static void page_map_update(const th_segment_t *seg, size_t size, bool paged) {
   paged = paged && seg->page_count != 0;
   bool slow = seg->is_secure || seg->is_sampled;
   for (size_t i = 0; i < n; i++) {
-    size_t page = (first + i) * sizeof(uintptr_t) / PAGE_MAP_PAGE;
-    if (!paged && !(atomic_load_explicit(&page_map_writable[page / 64], memory_order_acquire) &
-                    ((uint64_t)1 << (page & 63)))) {
-      /* never written: all 0 already; skip to the map's next page without reading this one */
-      i = (page + 1) * PAGE_MAP_PAGE / sizeof(uintptr_t) - first - 1;
+    size_t page = page_map_page_of(first + i);
+    if (!paged && !page_map_page_writable(page)) { /* never written: its entries are all 0 already */
+      i = (page + 1) * PAGE_MAP_PAGE / sizeof(uintptr_t) - first - 1; /* on to the map's next page, unread */
       continue;
     }
-    uintptr_t v = paged && slow ? (uintptr_t)&th_page_map_slow - (uintptr_t)map : 0;
-    if (paged && !slow) {
+    uintptr_t v = 0;
+    if (paged) {
       const void *p = (const uint8_t *)seg + (i << TH_PAGE_MAP_SHIFT);
-      v = (uintptr_t)segment_page_of((th_segment_t *)seg, p) - (uintptr_t)map;
+      v = (slow ? (uintptr_t)&th_page_map_slow : (uintptr_t)segment_page_of((th_segment_t *)seg, p)) - (uintptr_t)map;
     }
     if (__atomic_load_n(&map[first + i], __ATOMIC_RELAXED) != v) __atomic_store_n(&map[first + i], v, __ATOMIC_RELAXED);
   }

@@ -126,8 +126,9 @@ typedef struct th_mutex_s {
 typedef struct th_page_s {
   th_block_t *free;       /* malloc pops from here; the owner's frees push here (LIFO) */
   /* The segment's thread_id, copied into every page descriptor (segment_set_owner): th_free finds the page
-   * through the page map and tests its owner there, without the segment. Written with thread_id; on the
-   * first cache line, which th_free reads anyway. */
+   * through the page map and tests its owner there, without the segment. Written with thread_id, by
+   * whichever thread changes that (unlike the fields around it); on the first cache line, which th_free
+   * reads anyway. */
   _Atomic(uintptr_t) owner;
   /* Low TH_USED_BITS bits: blocks handed out and not freed to free/local_free (page_used reads them). The
    * bits above count the owner's frees modulo 2^(32 - TH_USED_BITS): such a free adds TH_FREE_ADD (used >= 1,
