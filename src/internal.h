@@ -134,8 +134,9 @@ extern _Atomic(uint8_t) th_segment_map[TH_MAP_ENTRIES];
  * path. One cache line: th_free reads both. */
 typedef struct th_page_map_s {
   _Atomic(uintptr_t *) map;
-  /* Written once, before the first segment the map names (__atomic_store_n), read plainly: th_free's `and`
-   * then takes it from memory, where an atomic load costs a separate instruction. */
+  /* Written once, after map and before the first segment the map names (__atomic_store_n), read plainly
+   * and before map (page_map_lookup's fence): th_free's `and` then takes it from memory, where an atomic
+   * load costs a separate instruction. */
   uintptr_t mask;
 } th_page_map_t;
 extern th_page_map_t th_page_map;
@@ -441,6 +442,9 @@ static inline th_page_t *segment_page_of(th_segment_t *seg, const void *p) {
  * then fail). A stand-in of zeros for memory that is not a paged segment's, or a secure one's. */
 static inline th_page_t *page_map_lookup(const void *p) {
   uintptr_t i = ((uintptr_t)p >> TH_PAGE_MAP_SHIFT) & th_page_map.mask;
+  /* The mask before the map: page_map_reserve stores the map first, so a mask that is no longer 0 comes
+   * with the map it indexes (x86-64 keeps loads in order; this keeps the compiler from swapping them). */
+  atomic_signal_fence(memory_order_acquire);
   uintptr_t *map = atomic_load_explicit(&th_page_map.map, memory_order_relaxed);
   return (th_page_t *)((uintptr_t)map + __atomic_load_n(&map[i], __ATOMIC_RELAXED));
 }
