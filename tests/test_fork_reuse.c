@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -31,17 +32,10 @@ static unsigned char *y_blocks[RANGES][MAX_COUNT]; /* Y's, handed to the child's
 static void *x_pointer;                            /* X's thread pointer */
 static int x_ready[2], x_go[2];                    /* X -> main: allocated; main -> X: check and exit */
 
-static void fill(unsigned char *p, size_t n, uint64_t key) {
-  for (size_t i = 0; i + 8 <= n; i += 256) memcpy(p + i, &(uint64_t){check_mix(key + i)}, 8);
-  p[n - 1] = (unsigned char)key;
-}
+/* Every byte of a block, from check.h's pattern; the key spread from who made it, its range and index. */
+static void fill(unsigned char *p, size_t n, uint64_t key) { check_fill(p, n, (unsigned)check_mix(key)); }
 static int intact(const unsigned char *p, size_t n, uint64_t key) {
-  for (size_t i = 0; i + 8 <= n; i += 256) {
-    uint64_t v;
-    memcpy(&v, p + i, 8);
-    if (v != check_mix(key + i)) return 0;
-  }
-  return p[n - 1] == (unsigned char)key;
+  return check_verify(p, n, (unsigned)check_mix(key)) == n;
 }
 static uint64_t key_of(uint64_t who, size_t r, size_t i) { return who << 40 | (uint64_t)r << 32 | i; }
 
@@ -153,15 +147,11 @@ int main(void) {
   CHECK(pid > 0);
   int status = 0;
   CHECK(waitpid(pid, &status, 0) == pid);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
-    c = 1;
-    if (write(x_go[1], &c, 1) != 1) return 2;
-    pthread_join(x, NULL);
-    return 77;
-  }
-  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child: status %#x", status);
+  bool skipped = WIFEXITED(status) && WEXITSTATUS(status) == 77;
+  if (!skipped) CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child: status %#x", status);
   c = 1;
   if (write(x_go[1], &c, 1) != 1) return 2;
-  pthread_join(x, NULL);
-  return check_summary();
+  pthread_join(x, NULL); /* X checks its own blocks, whatever the child did */
+  int rc = check_summary();
+  return rc == 0 && skipped ? 77 : rc;
 }
