@@ -46,10 +46,15 @@ void *os_remap(void *p, size_t old_size, size_t new_size, void *dest);
  * moves fails. false: nothing moved. No statistics: the caller's to count. */
 bool os_move(void *from, size_t size, void *to, size_t granule);
 
-/* A full memory barrier on every running thread of the process (membarrier's private expedited command,
- * registered at the first call and again in a forked child); false where the kernel refuses it. The
- * caller's side of an asymmetric fence: the other side needs only a compiler barrier (sweep.c). */
+/* A full memory barrier on every running thread of the process (membarrier's private expedited command);
+ * false where the kernel refuses it. The caller's side of an asymmetric fence: the other side needs only a
+ * compiler barrier (sweep.c). */
 bool os_fence_all_threads(void);
+/* The process's registration for os_fence_all_threads, made ahead of its first use (process_init; a forked
+ * child's address space inherits it): the kernel makes it at once while the process has one thread, and
+ * past that waits for an RCU grace period, milliseconds, which a first sweep spent holding another
+ * thread's heap while that thread waited (os_fence_all_threads still registers if this could not). */
+void os_fence_register(void);
 
 /* Let another thread run (sched_yield). */
 void os_yield(void);
