@@ -203,10 +203,13 @@ static void heap_purge_idle_page(th_page_t *page, uint64_t now, uint64_t delay, 
   page->interior_purged = 1;
 }
 
-/* The free page slots on the purge queue (oldest first) that have been free for at least age ms are returned
+/* The latest stamp on the clock at now that has waited age ms (0 when none has). */
+static inline uint64_t clock_before(uint64_t now, uint64_t age) { return now > age ? now - age : 0; }
+
+/* The free page slots on the purge queue (oldest first) stamped at or before upto (heap_clock) are returned
  * to the OS. */
-static void heap_purge_slots(th_heap_t *heap, uint64_t now, uint64_t age) {
-  while (heap->purge.first && now - heap->purge.first->free_since_ms >= age) {
+static void heap_purge_slots(th_heap_t *heap, uint64_t upto) {
+  while (heap->purge.first && heap->purge.first->free_since_ms <= upto) {
     th_page_t *page = heap->purge.first;
     heap_queue_remove(heap, &heap->purge, page);
     page->purge_pending = 0;
@@ -232,11 +235,11 @@ void heap_purge(th_heap_t *heap, bool force) {
   if (!force && now < heap->next_purge_ms) return;
   heap_release_swept(heap);
   uint64_t round = purge_round_ms(delay);
-  uint64_t last = heap->next_purge_ms != 0 ? heap->next_purge_ms - round : 0; /* the last round (0: none) */
-  bool paused = last != 0 && now - last > 2 * round;
-  if (paused) heap->paused_ms += now - last - round; /* counted as one round interval */
+  uint64_t pause = heap_pause_pending(heap, now);
+  bool paused = pause != 0;
+  heap->paused_ms += pause; /* the gap counted as one round interval */
   process_clock_round(now, round);
-  uint64_t clock = heap_clock(heap, now);
+  uint64_t clock = now - heap->paused_ms;
   /* Sweepers read it (sweep.c): a relaxed atomic store, a plain mov. */
   __atomic_store_n(&heap->next_purge_ms, now + round, __ATOMIC_RELAXED);
   /* Remote frees into a secure heap wait in its quarantine, not on pages this round may free, and classes
@@ -267,12 +270,12 @@ void heap_purge(th_heap_t *heap, bool force) {
         page_free_empty(heap, page);
       } else if (page->free_since_ms == 0) {
         page->free_since_ms = clock; /* the kept page of its class: freed once empty for the delay */
-      } else if (clock - page->free_since_ms >= delay) {
+      } else if (clock_waited(clock, page->free_since_ms, delay)) {
         page_free_empty(heap, page);
       }
     }
   }
-  heap_purge_slots(heap, clock, force ? 0 : delay);
+  heap_purge_slots(heap, force ? UINT64_MAX : clock_before(clock, delay));
   /* The process-wide cache keeps its own clock even when this heap purges everything (thread exit):
    * other threads' large blocks stay cached. th_collect empties it. */
   segment_cache_purge(false);
@@ -321,8 +324,11 @@ static void heap_sweep_ready(th_heap_t *heap) {
  * owner's fast paths run on, and they touch only the first page of each class (malloc) and pages where the
  * owner frees a block it holds: an empty page has none. So the empty pages after the first of their class
  * go back to their segments, as the owner's own purge round would free them, and so do the emptied pages
- * parked as full (heap_sweep_ready, above); every free slot is purged
- * (the owner carves no page before its next slow path). Then the segments left with no page in use leave
+ * parked as full (heap_sweep_ready, above). The free slots that were already free at the heap's last sweep,
+ * or have waited the purge delay on its clock, are purged; the others wait for the next sweep, a delay later
+ * at the soonest: a thread that only paused (it freed its blocks, slept, and is about to allocate them again)
+ * finds its slots committed if it runs again before then, where purging them all at once had it fault them
+ * in again as it woke. Then the segments left with no page in use leave
  * the heap, for any thread to use: a free pushes before it counts (free_push_local), so the page of the
  * owner's last live block is empty only once the free is done with it, but for a free whose count carried:
  * it reads the segment on its way to heap_free_tick. Such a page reads used_word == 0 (no block used, the
@@ -342,7 +348,10 @@ void heap_sweep(th_heap_t *heap, uint64_t now) {
       heap->sweep_kept = true;
     }
   }
-  heap_purge_slots(heap, now, 0);
+  uint64_t clock = heap_clock(heap, now);
+  uint64_t upto = clock_before(clock, (uint64_t)th_options.purge_delay);
+  heap_purge_slots(heap, upto > heap->swept_clock ? upto : heap->swept_clock);
+  heap->swept_clock = clock;
   if (!carried) heap_release_swept(heap);
 }
 
@@ -377,7 +386,7 @@ void heap_exit(th_heap_t *heap) {
   if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap);
   heap_release_swept(heap);
   heap_collect_remote(heap);
-  heap_purge_slots(heap, heap_clock(heap, os_now_ms()), (uint64_t)th_options.purge_delay / 8);
+  heap_purge_slots(heap, clock_before(heap_clock(heap, os_now_ms()), (uint64_t)th_options.purge_delay / 8));
   while (heap->purge.first) {
     th_page_t *page = heap->purge.first;
     heap_queue_remove(heap, &heap->purge, page);

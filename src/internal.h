@@ -559,8 +559,27 @@ static inline bool heap_is_explicit(const th_heap_t *heap) { return (heap->flags
  * the purge delay, at least 10 ms. */
 static inline uint64_t purge_round_ms(uint64_t delay) { return delay / 4 > 10 ? delay / 4 : 10; }
 
-/* The heap's purge clock at wall time now (th_heap_t.paused_ms). */
-static inline uint64_t heap_clock(const th_heap_t *heap, uint64_t now) { return now - heap->paused_ms; }
+/* The pause in progress at wall time now, if the heap's last purge round was more than two round intervals
+ * before: the gap less one interval, which the heap's next round adds to paused_ms (heap_purge). */
+static inline uint64_t heap_pause_pending(const th_heap_t *heap, uint64_t now) {
+  uint64_t round = purge_round_ms((uint64_t)th_options.purge_delay);
+  uint64_t next = __atomic_load_n(&heap->next_purge_ms, __ATOMIC_RELAXED); /* (a sweeper may ask: heap_sweep) */
+  uint64_t last = next != 0 ? next - round : 0; /* the last round (0: none) */
+  return last != 0 && now > last + 2 * round ? now - last - round : 0;
+}
+
+/* The heap's purge clock at wall time now (th_heap_t.paused_ms), with a pause in progress already taken out:
+ * what the heap's next round will read. A slot freed in a pause, before that round, is stamped on it; on the
+ * clock of its last round (wall time less paused_ms alone) it would be stamped past the time the next round
+ * reads, and look older than any delay to it: a program that freed its memory on waking, to reuse it at
+ * once, had it purged under its feet. */
+static inline uint64_t heap_clock(const th_heap_t *heap, uint64_t now) {
+  return now - heap->paused_ms - heap_pause_pending(heap, now);
+}
+
+/* Has the stamp, on the same clock as now, waited age ms? A stamp ahead of now (taken just before a gap
+ * became a pause, which the round then took out) has not. */
+static inline bool clock_waited(uint64_t now, uint64_t stamp, uint64_t age) { return now >= stamp && now - stamp >= age; }
 
 /* The owner enters and leaves its heap's slow paths, everything that touches more than the first page of a
  * class: a sweeper (sweep.c) frees pages of a heap only while it holds the heap and its owner is in none.

@@ -30,8 +30,14 @@ void process_clock_round(uint64_t now, uint64_t round) {
     atomic_fetch_add_explicit(&process_paused_ms, now - last - round, memory_order_relaxed);
 }
 
+/* With a pause in progress taken out, as heap_clock does: a segment cached in a pause, before the round that
+ * counts it, is stamped with the time that round will read (a stamp ahead of the clock after it kept the
+ * segment for the pause's length of the program's running time). */
 static uint64_t process_clock(void) {
-  return os_now_ms() - atomic_load_explicit(&process_paused_ms, memory_order_relaxed);
+  uint64_t now = os_now_ms(), round = purge_round_ms((uint64_t)th_options.purge_delay);
+  uint64_t last = atomic_load_explicit(&process_last_round_ms, memory_order_relaxed);
+  uint64_t pending = last != 0 && now > last + 2 * round ? now - last - round : 0;
+  return now - atomic_load_explicit(&process_paused_ms, memory_order_relaxed) - pending;
 }
 
 /* Abandoned segments, one list per page kind; a thread short of pages adopts from here before mapping. An
@@ -690,7 +696,7 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind, uint64_t min_age_ms) {
   /* Only a segment made in the heap's own mode: secure pages keep their free blocks elsewhere (secure.c).
    * The mode changes only when the options are read at start (secure_start), so the other kind is rare. */
   if (seg && seg->is_secure != (heap->secure != NULL)) seg = NULL;
-  if (seg && min_age_ms != 0 && process_clock() - seg->cached_since_ms < min_age_ms) seg = NULL;
+  if (seg && min_age_ms != 0 && !clock_waited(process_clock(), seg->cached_since_ms, min_age_ms)) seg = NULL;
   if (seg) {
     abandoned_last[kind] = seg->prev;
     if (seg->prev) seg->prev->next = NULL;

@@ -359,12 +359,14 @@ struct th_heap_s {
   _Atomic(uint64_t) lock_acquires, lock_waits;
   /* Another thread may free the empty pages of an idle thread heap (sweep.c). in_slow: how deep the owner is
    * in its slow paths (heap_slow_enter), written by the owner only; sweeping: 1 while a sweeper holds the
-   * heap, which its owner's slow paths then wait out; swept_ms: when it was last swept. Kept across
-   * heap_init, like the fields above: a sweeper may look at a struct while it is being reused.
+   * heap, which its owner's slow paths then wait out; swept_ms: when it was last swept, and swept_clock:
+   * the heap's clock then (slots stamped at or before it were free at that sweep). Kept across heap_init,
+   * like the fields above: a sweeper may look at a struct while it is being reused (an old swept_clock is
+   * below every stamp of the new heap, whose clock starts at wall time).
    * sweep_kept: a sweep left segments with no page in use, which the owner's next purge round releases. */
   _Atomic(uint32_t) in_slow;
   _Atomic(uint32_t) sweeping;
-  uint64_t swept_ms;
+  uint64_t swept_ms, swept_clock;
   bool sweep_kept;
 };
 
