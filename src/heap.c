@@ -206,22 +206,24 @@ static void heap_purge_idle_page(th_page_t *page, uint64_t now, uint64_t delay, 
 /* The latest stamp on the clock at now that has waited age ms (0 when none has). */
 static inline uint64_t clock_before(uint64_t now, uint64_t age) { return now > age ? now - age : 0; }
 
+/* A free page slot on the purge queue returned to the OS. */
+static void slot_purge(th_heap_t *heap, th_page_t *page) {
+  heap_queue_remove(heap, &heap->purge, page);
+  page->purge_pending = 0;
+  th_segment_t *seg = segment_of_page(page);
+  size_t size;
+  uint8_t *area = page_area(seg, (size_t)(page - seg->pages), &size);
+  size_t ps = os_page_size();
+  uintptr_t lo = align_up((uintptr_t)area, ps), hi = ((uintptr_t)area + size) & ~(uintptr_t)(ps - 1);
+  if (hi > lo) os_purge((void *)lo, hi - lo);
+  page->is_purged = 1;
+  page->is_zero = lo == (uintptr_t)area && hi == (uintptr_t)area + size;
+}
+
 /* The free page slots on the purge queue (oldest first) stamped at or before upto (heap_clock) are returned
  * to the OS. */
 static void heap_purge_slots(th_heap_t *heap, uint64_t upto) {
-  while (heap->purge.first && heap->purge.first->free_since_ms <= upto) {
-    th_page_t *page = heap->purge.first;
-    heap_queue_remove(heap, &heap->purge, page);
-    page->purge_pending = 0;
-    th_segment_t *seg = segment_of_page(page);
-    size_t size;
-    uint8_t *area = page_area(seg, (size_t)(page - seg->pages), &size);
-    size_t ps = os_page_size();
-    uintptr_t lo = align_up((uintptr_t)area, ps), hi = ((uintptr_t)area + size) & ~(uintptr_t)(ps - 1);
-    if (hi > lo) os_purge((void *)lo, hi - lo);
-    page->is_purged = 1;
-    page->is_zero = lo == (uintptr_t)area && hi == (uintptr_t)area + size;
-  }
+  while (heap->purge.first && heap->purge.first->free_since_ms <= upto) slot_purge(heap, heap->purge.first);
 }
 
 /* Return memory unused for the purge delay (everything with force): free page slots are purged, kept empty
@@ -308,6 +310,7 @@ static void heap_sweep_ready(th_heap_t *heap) {
       heap_queue_remove(heap, &heap->full, page);
       page_discard_free(page);
       segment_page_free_kept(heap, page);
+      if (page->purge_pending) slot_purge(heap, page); /* handed away whole: purged at once (heap_sweep) */
       page->in_full = 0;
       heap->sweep_kept = true;
     } else {
@@ -324,11 +327,13 @@ static void heap_sweep_ready(th_heap_t *heap) {
  * owner's fast paths run on, and they touch only the first page of each class (malloc) and pages where the
  * owner frees a block it holds: an empty page has none. So the empty pages after the first of their class
  * go back to their segments, as the owner's own purge round would free them, and so do the emptied pages
- * parked as full (heap_sweep_ready, above). The free slots that were already free at the heap's last sweep,
- * or have waited the purge delay on its clock, are purged; the others wait for the next sweep, a delay later
- * at the soonest: a thread that only paused (it freed its blocks, slept, and is about to allocate them again)
- * finds its slots committed if it runs again before then, where purging them all at once had it fault them
- * in again as it woke. Then the segments left with no page in use leave
+ * parked as full (heap_sweep_ready, above). A page whose blocks all came back by other threads' frees (the
+ * owner handed them away: a producer's) has its slot purged at once. One the owner freed blocks into itself
+ * was being worked in: its slot waits, as do the others, until it was already free at the heap's last sweep
+ * or has waited the purge delay on its clock (the next sweep, a delay later at the soonest), so that a
+ * thread that only paused (it freed its blocks, slept, and is about to allocate them again) finds them
+ * committed if it runs again before then; purging them at once had it fault them in again as it woke.
+ * Then the segments left with no page in use leave
  * the heap, for any thread to use: a free pushes before it counts (free_push_local), so the page of the
  * owner's last live block is empty only once the free is done with it, but for a free whose count carried:
  * it reads the segment on its way to heap_free_tick. Such a page reads used_word == 0 (no block used, the
@@ -344,7 +349,9 @@ void heap_sweep(th_heap_t *heap, uint64_t now) {
       next = page->next;
       if (!page_is_empty(page)) continue;
       if (__atomic_load_n(&page->used_word, __ATOMIC_RELAXED) == 0) carried = true;
+      bool handed_away = page_owner_frees(page) == 0; /* no free of the owner's counted (modulo 4,096) */
       page_free_empty_as(heap, page, true);
+      if (handed_away && page->purge_pending) slot_purge(heap, page);
       heap->sweep_kept = true;
     }
   }
