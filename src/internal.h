@@ -559,13 +559,17 @@ static inline bool heap_is_explicit(const th_heap_t *heap) { return (heap->flags
  * the purge delay, at least 10 ms. */
 static inline uint64_t purge_round_ms(uint64_t delay) { return delay / 4 > 10 ? delay / 4 : 10; }
 
-/* The pause in progress at wall time now, if the heap's last purge round was more than two round intervals
- * before: the gap less one interval, which the heap's next round adds to paused_ms (heap_purge). */
+/* The pause in progress at now since a purge round at last (0: none yet): a gap of more than two round
+ * intervals, less the one interval it counts as (a heap's clock, and the process's in segment.c). */
+static inline uint64_t pause_since(uint64_t last, uint64_t now, uint64_t round) {
+  return last != 0 && now > last + 2 * round ? now - last - round : 0;
+}
+
+/* The heap's pause in progress at wall time now, which its next round adds to paused_ms (heap_purge). */
 static inline uint64_t heap_pause_pending(const th_heap_t *heap, uint64_t now) {
   uint64_t round = purge_round_ms((uint64_t)th_options.purge_delay);
   uint64_t next = __atomic_load_n(&heap->next_purge_ms, __ATOMIC_RELAXED); /* (a sweeper may ask: heap_sweep) */
-  uint64_t last = next != 0 ? next - round : 0; /* the last round (0: none) */
-  return last != 0 && now > last + 2 * round ? now - last - round : 0;
+  return pause_since(next != 0 ? next - round : 0, now, round); /* next - round: the last round */
 }
 
 /* The heap's purge clock at wall time now (th_heap_t.paused_ms), with a pause in progress already taken out:

@@ -53,8 +53,9 @@ bool os_fence_all_threads(void);
 /* The process's registration for os_fence_all_threads, made ahead of its first use (process_init; a forked
  * child's address space inherits it): the kernel makes it at once while the process has one thread, and
  * past that waits for an RCU grace period, milliseconds, which a first sweep spent holding another
- * thread's heap while that thread waited (os_fence_all_threads still registers if this could not). */
-void os_fence_register(void);
+ * thread's heap while that thread waited (os_fence_all_threads still registers if this could not).
+ * false where the kernel refuses it. */
+bool os_fence_register(void);
 
 /* Let another thread run (sched_yield). */
 void os_yield(void);

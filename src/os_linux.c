@@ -121,12 +121,14 @@ void os_purge(void *p, size_t size) {
 
 void os_yield(void) { sched_yield(); }
 
-void os_fence_register(void) { (void)TIMED(syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0)); }
+bool os_fence_register(void) {
+  return TIMED(syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0)) == 0;
+}
 
 bool os_fence_all_threads(void) {
   if (TIMED(syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0)) == 0) return true;
   /* Not registered (os_fence_register could not): register, then once more. */
-  if (errno != EPERM || syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) != 0) return false;
+  if (errno != EPERM || !os_fence_register()) return false;
   return TIMED(syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0)) == 0;
 }
 

@@ -26,8 +26,8 @@ static _Atomic(uint64_t) process_last_round_ms, process_paused_ms;
 
 void process_clock_round(uint64_t now, uint64_t round) {
   uint64_t last = atomic_exchange_explicit(&process_last_round_ms, now, memory_order_relaxed);
-  if (last != 0 && now > last && now - last > 2 * round)
-    atomic_fetch_add_explicit(&process_paused_ms, now - last - round, memory_order_relaxed);
+  uint64_t pause = pause_since(last, now, round);
+  if (pause != 0) atomic_fetch_add_explicit(&process_paused_ms, pause, memory_order_relaxed);
 }
 
 /* With a pause in progress taken out, as heap_clock does: a segment cached in a pause, before the round that
@@ -35,8 +35,7 @@ void process_clock_round(uint64_t now, uint64_t round) {
  * segment for the pause's length of the program's running time). */
 static uint64_t process_clock(void) {
   uint64_t now = os_now_ms(), round = purge_round_ms((uint64_t)th_options.purge_delay);
-  uint64_t last = atomic_load_explicit(&process_last_round_ms, memory_order_relaxed);
-  uint64_t pending = last != 0 && now > last + 2 * round ? now - last - round : 0;
+  uint64_t pending = pause_since(atomic_load_explicit(&process_last_round_ms, memory_order_relaxed), now, round);
   return now - atomic_load_explicit(&process_paused_ms, memory_order_relaxed) - pending;
 }
 

@@ -56,7 +56,7 @@ void process_init(void) {
     return;
   }
   os_init();
-  os_fence_register(); /* for sweeps (sweep.c): cheap now, with one thread */
+  (void)os_fence_register(); /* for sweeps (sweep.c): cheap now, with one thread */
   th_key = (uintptr_t)os_random();
   if (pthread_key_create(&heap_key, thread_done) != 0) report_fatal("cannot create the thread key");
   options_init(); /* before the first heap, whose mode they choose */
