@@ -289,8 +289,8 @@ void secure_carve(th_page_t *page, uint8_t *first, size_t n) {
   bool zero = zero_on_free() && !page->tail_fresh; /* memory fresh from the OS is zero already */
   /* list_push makes the block pushed last the list's head: the last window goes first, so that the first is
    * handed out first. */
-  for (size_t lo = (n - 1) / SHUFFLE_WINDOW * SHUFFLE_WINDOW;; lo -= SHUFFLE_WINDOW) {
-    size_t m = n - lo < SHUFFLE_WINDOW ? n - lo : SHUFFLE_WINDOW;
+  for (size_t w = (n + SHUFFLE_WINDOW - 1) / SHUFFLE_WINDOW; w-- > 0;) {
+    size_t lo = w * SHUFFLE_WINDOW, m = n - lo < SHUFFLE_WINDOW ? n - lo : SHUFFLE_WINDOW;
     uint8_t order[SHUFFLE_WINDOW];
     for (size_t i = 0; i < m; i++) order[i] = (uint8_t)i;
     for (size_t i = m; i-- > 1;) {
@@ -304,7 +304,6 @@ void secure_carve(th_page_t *page, uint8_t *first, size_t n) {
       b->tag = free_tag(b);
       list_push(page, b);
     }
-    if (lo == 0) break;
   }
 }
 
