@@ -224,6 +224,27 @@ static void cache_unlink(th_segment_t *seg) {
   stats_cached(-(long)seg->size);
 }
 
+/* Has the cache a segment without guard pages right before or after seg's range? (Under the lock.) */
+static bool cache_neighbour(const th_segment_t *seg) {
+  for (const th_segment_t *s = cache_first; s; s = s->next)
+    if (s->guards == 0 && ((const uint8_t *)s + s->size == (const uint8_t *)seg ||
+                           (const uint8_t *)seg + seg->size == (const uint8_t *)s))
+      return true;
+  return false;
+}
+
+/* Into the list, at its front (cache_unlink's inverse; no merge, no eviction). */
+static void cache_push(th_segment_t *seg) {
+  seg->in_cache = 1;
+  seg->prev = NULL;
+  seg->next = cache_first;
+  if (cache_first) cache_first->prev = seg;
+  cache_first = seg;
+  atomic_fetch_add_explicit(&cache_count, 1, memory_order_relaxed);
+  cache_bytes += seg->size;
+  stats_cached((long)seg->size);
+}
+
 static void segment_unmap(th_segment_t *seg) {
   size_t size = seg->size;
   segment_map_set(seg, size, false);
@@ -274,10 +295,21 @@ static th_segment_t *cache_take(size_t size) {
     if (s->size >= size && s->size <= size + size / 4) {
       found = s;
       if (s->size == size) break;
-    } else if (s->size > size && s->guards == 0 && (larger == NULL || s->size < larger->size)) {
-      /* (one with guard pages is not split: lifting them is a system call, not for under the lock) */
+    } else if (s->size > size && (larger == NULL || s->size < larger->size)) {
       larger = s;
     }
+  }
+  if (found == NULL && larger != NULL && larger->guards != 0) {
+    /* Secure mode's guard pages would land inside the block or the rest: lifted first, outside the lock
+     * (a system call), while the segment is out of the list. */
+    cache_unlink(larger);
+    th_unlock(&cache_lock);
+    secure_segment_release(larger);
+    if (!th_lock_unless_fork(&cache_lock)) {
+      segment_unmap(larger);
+      return NULL;
+    }
+    cache_push(larger);
   }
   if (found == NULL && larger != NULL) {
     found = larger;
@@ -288,9 +320,10 @@ static th_segment_t *cache_take(size_t size) {
   return found;
 }
 
-/* A request larger than any cached segment: the cached segments without guard pages, largest first, are
- * moved (mremap: their page tables, no copy) side by side into a fresh range of size bytes, the last one
- * split if it holds more than the rest needs; what they do not cover stays fresh. Without it, memory freed
+/* A request larger than any cached segment: the cached segments, largest first, are moved (mremap: their
+ * page tables, no copy) side by side into a fresh range of size bytes, the last one split if it holds more
+ * than the rest needs (not one with secure mode's guard pages, which are lifted outside the lock, before
+ * the move, from the ones taken whole); what they do not cover stays fresh. Without it, memory freed
  * as several smaller blocks stayed resident in the cache while a larger request faulted in new memory
  * beside it: a program whose large blocks vary in size held both. NULL, with the cache as it was, when it
  * holds nothing to move or the range cannot be mapped. */
@@ -301,7 +334,7 @@ static th_segment_t *cache_gather(size_t size) {
   for (size_t need = size; need > 0;) {
     th_segment_t *largest = NULL;
     for (th_segment_t *s = cache_first; s; s = s->next)
-      if (s->guards == 0 && (largest == NULL || s->size > largest->size)) largest = s;
+      if ((s->guards == 0 || s->size <= need) && (largest == NULL || s->size > largest->size)) largest = s;
     if (largest == NULL) break;
     if (largest->size > need) cache_split(largest, need);
     cache_unlink(largest);
@@ -321,6 +354,7 @@ static th_segment_t *cache_gather(size_t size) {
       segment_release(piece);
       continue;
     }
+    if (piece->guards != 0) secure_segment_release(piece);
     segment_map_set(piece, piece_size, false);
     if (os_move(piece, piece_size, dest + offset, TH_SEGMENT_SIZE)) stats_os_unmap(piece_size); /* (replaced) */
     else os_unmap(piece, piece_size); /* that part of the range stays fresh */
@@ -416,10 +450,6 @@ static size_t cache_limit(size_t size) {
 
 /* Give a segment with no live block back: into the cache, or to the OS when the cache cannot hold it. */
 void segment_release(th_segment_t *seg) {
-  /* A segment of one region keeps secure mode's guard pages for its next use, taken whole (every paged
-   * segment, huge blocks up to 4 MiB); a larger one is what the cache splits and merges (huge blocks of
-   * varying sizes), which guard pages would stop: lifted now, outside the lock. */
-  if (seg->guards != 0 && seg->size > TH_SEGMENT_SIZE) secure_segment_release(seg);
   if (seg->is_sampled) segment_set_sampled(seg, false);
   segment_set_owner(seg, 0);
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
@@ -432,11 +462,23 @@ void segment_release(th_segment_t *seg) {
     segment_unmap(seg);
     return;
   }
+  /* Secure mode's guard pages (secure.c) stay for the segment's next use: taken whole for the same layout (a
+   * paged segment of the same kind, a huge block of the same size) it needs no system call, and cache_take
+   * and cache_gather lift them before they split or move it. But a huge block's segment with a cached neighbour
+   * without guard pages has them lifted now (a system call: outside the lock), and merges: a program whose
+   * large blocks vary in size takes them from merged ranges, as in the default mode. */
+  if (seg->guards != 0 && seg->size > TH_SEGMENT_SIZE && cache_neighbour(seg)) {
+    th_unlock(&cache_lock);
+    secure_segment_release(seg);
+    if (!th_lock_unless_fork(&cache_lock)) {
+      segment_unmap(seg);
+      return;
+    }
+  }
   size_t released = seg->size;
   /* Cached neighbours merge with it: no two cached segments without guard pages touch, so a request up to
    * their sum takes them as one (or split). A segment is any aligned range with a header at its start:
-   * bookkeeping only. Not one with guard pages (secure.c), which it keeps for its next use: lifting them is
-   * a system call. */
+   * bookkeeping only. */
   bool merged = false;
   for (th_segment_t *s = cache_first, *next; s && seg->guards == 0; s = next) {
     next = s->next;
@@ -451,16 +493,9 @@ void segment_release(th_segment_t *seg) {
   }
   if (merged) segment_map_set(seg, seg->size, true);
   seg->cached_since_ms = process_clock();
-  seg->in_cache = 1;
-  seg->prev = NULL;
-  seg->next = cache_first;
-  if (cache_first) cache_first->prev = seg;
-  cache_first = seg;
-  atomic_fetch_add_explicit(&cache_count, 1, memory_order_relaxed);
-  cache_bytes += seg->size;
+  cache_push(seg);
   /* Read before the unlock: from then on another thread may take the segment. */
   uint64_t due = seg->cached_since_ms + (uint64_t)th_options.purge_delay;
-  stats_cached((long)seg->size);
   size_t limit = cache_limit(released);
   while (cache_bytes > limit) {
     th_segment_t *last = cache_first;

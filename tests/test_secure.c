@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,11 +208,21 @@ static void write_target(void) {
 }
 
 /* Past a huge block: its size a multiple of the OS page (no canary), or not (past the canary's page); and
- * after a realloc that grew it (the guard moved with its end). */
+ * after a realloc that grew it (the guard moved with its end). Then blocks of segments the cache kept with
+ * their guard pages: 8 MiB again after a free of 8 MiB (the same layout), 9 MiB (the same 12 MiB segment,
+ * its end guard moved), and 7 MiB after a free of 20 MiB (the 24 MiB segment's guards lifted, then split). */
 static void c_guard_huge(int which, int b) {
   (void)b;
-  size_t n = which == 1 ? 2 * MiB + 100 : 2 * MiB;
+  static const size_t first[] = {0, 0, 0, 8 * MiB, 8 * MiB, 20 * MiB};
+  static const size_t then[] = {2 * MiB, 2 * MiB + 100, 2 * MiB, 8 * MiB, 9 * MiB, 7 * MiB};
+  if (first[which] != 0) {
+    unsigned char *f = must_malloc(first[which]);
+    memset(f, 0x3c, first[which]);
+    th_free(f);
+  }
+  size_t n = then[which];
   unsigned char *p = must_malloc(n);
+  memset(p, 0x3d, n); /* no guard page left inside it */
   if (which == 2) {
     p = th_realloc(p, 3 * MiB);
     if (p == NULL) _exit(91);
@@ -477,6 +488,43 @@ static void test_zero_on_free(void) {
   CHECK_MSG(check_all_zero(p + 16, 100 - 16), "a freed block still holds its data");
 }
 
+/* A huge block freed and allocated again at its size keeps its guard pages in the cache: the second pair makes
+ * no system call (with zero-on-free, the free's purge alone). Only a pair served from the cache tells: one whose
+ * segment was unmapped in between (a pause past the purge delay) is tried again. */
+static void test_huge_reuse(void) {
+  bool seen = false;
+  for (int attempt = 0; attempt < 5 && !seen; attempt++) {
+    th_stats_t s0, s1;
+    th_free(must_malloc(8 * MiB));
+    th_stats_get(&s0);
+    unsigned char *p = must_malloc(8 * MiB);
+    memset(p, 0x5a, 8 * MiB);
+    th_free(p);
+    th_stats_get(&s1);
+    if (s1.cache_hits - s0.cache_hits != 1 || s1.os_unmaps != s0.os_unmaps) continue;
+    seen = true;
+    size_t calls = (s1.os_calls - s0.os_calls) - (s1.os_purges - s0.os_purges);
+    CHECK_MSG(calls == 0, "8 MiB taken again from the cache with its guard pages: %zu system calls", calls);
+  }
+  CHECK_MSG(seen, "no 8 MiB block came from the cache in 5 tries");
+}
+
+/* Huge blocks of varying sizes, each written whole: the cache's splits and moves of segments that kept their
+ * guard pages leave none inside a block (a write into one would kill the test). */
+static void test_huge_vary(void) {
+  static const size_t mb[] = {20, 7, 9, 14, 32, 6, 11, 40, 8, 17};
+  for (int round = 0; round < 3; round++)
+    for (size_t i = 0; i < sizeof mb / sizeof mb[0]; i++) {
+      size_t n = mb[i] * MiB + (size_t)round * 1000;
+      unsigned char *p = must_malloc(n), *q = must_malloc(n / 2);
+      memset(p, (int)i, n);
+      memset(q, (int)i + 1, n / 2);
+      CHECK(p[n - 1] == (unsigned char)i && q[n / 2 - 1] == (unsigned char)(i + 1));
+      th_free(i % 2 ? p : q);
+      th_free(i % 2 ? q : p);
+    }
+}
+
 /* Every size from 0 to 1,100 bytes written whole and freed: no stop (the canary and the record always fit
  * past the program's bytes), the usable size exact. */
 static void test_every_size_fits(void) {
@@ -537,6 +585,9 @@ int main(void) {
   fault("linear overflow past a huge block of whole pages", c_guard_huge, 0, 0);
   fault("linear overflow past a huge block's canary page", c_guard_huge, 1, 0);
   fault("linear overflow past a huge block grown by realloc", c_guard_huge, 2, 0);
+  fault("linear overflow past a huge block in a cached segment of the same size", c_guard_huge, 3, 0);
+  fault("linear overflow past a huge block in a cached segment, its end guard moved", c_guard_huge, 4, 0);
+  fault("linear overflow past a huge block split from a cached segment", c_guard_huge, 5, 0);
   fault("write just past a segment's metadata", c_guard_metadata, 0, 0);
   fault("write past the end of a medium page", c_guard_page, 20000, 0);
   fault("write past the end of a large page", c_guard_page, 300000, 0);
@@ -563,6 +614,8 @@ int main(void) {
   test_off_by_one_every_size();
   test_every_size_fits();
   test_sizes();
+  test_huge_reuse();
+  test_huge_vary();
   if (g_mode == 2) test_zero_on_free();
   return check_summary();
 }
