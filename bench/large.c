@@ -7,6 +7,10 @@
  *              touched loop is compared against, since reuse never faults. Its iterations alternate with
  *              the touched loop's, so that both see the same machine.
  *
+ * With --cycle, one loop instead: each iteration allocates the next of the sizes in turn, writes one byte
+ * per page and frees it, the way a program's buffers of varying sizes come and go (mode "cycle", figures per
+ * MiB of all the blocks). The benchmark driver does not run it.
+ *
  * Costs are reported per MiB, with the process's system time and minor faults per iteration, because on
  * Linux most of the cost of a fresh large block is kernel work done inside the first write. An allocator
  * that caches large blocks shows touched costs close to the floor.
@@ -16,6 +20,8 @@
  * "minflt_per_iter":..}
  */
 #define _GNU_SOURCE
+#include <stdbool.h>
+
 #include "bench_common.h"
 
 static const char *prog = "large";
@@ -65,9 +71,37 @@ static void report(const char *mode, long mb, int iters, double a, double t, dou
              r1->ru_minflt - r0->ru_minflt);
 }
 
+/* --cycle: the sizes in turn, each block written once a page and freed; figures per MiB of all the blocks. */
+static void run_cycle(const long *mbs, int n, int iters, size_t page) {
+  double ta = 0, tt = 0, tf = 0;
+  long total_mb = 0;
+  struct rusage r0, r1;
+  getrusage(RUSAGE_SELF, &r0);
+  for (int it = 0; it < iters; it++) {
+    long mb = mbs[it % n];
+    total_mb += mb;
+    timed_round((size_t)mb << 20, page, it, &ta, &tt, &tf);
+  }
+  getrusage(RUSAGE_SELF, &r1);
+  double per = 1e6 / (double)total_mb;
+  bench_json_begin("large");
+  bench_json_str("mode", "cycle");
+  bench_json_int("sizes", n);
+  bench_json_int("iterations", iters);
+  bench_json_num("mean_size_mb", (double)total_mb / iters);
+  bench_json_num("alloc_us_per_mb", ta * per);
+  bench_json_num("touch_us_per_mb", tt * per);
+  bench_json_num("free_us_per_mb", tf * per);
+  bench_json_num("total_us_per_mb", (ta + tt + tf) * per);
+  bench_json_num("sys_us_per_mb", (bench_tv(r1.ru_stime) - bench_tv(r0.ru_stime)) * per);
+  bench_json_num("minflt_per_iter", (double)(r1.ru_minflt - r0.ru_minflt) / iters);
+  bench_json_end();
+}
+
 int main(int argc, char **argv) {
   long sizes[BENCH_MAX_LIST] = {8, 16, 24, 32, 40};
   int nsizes = 5, iters = 20;
+  bool cycle = false;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -75,17 +109,25 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--full")) iters = 100;
     else if (!strcmp(a, "--sizes") && v) nsizes = bench_parse_list(prog, v, sizes, BENCH_MAX_LIST), i++;
     else if (!strcmp(a, "--iterations") && v) iters = (int)bench_parse_num(prog, v), i++;
+    else if (!strcmp(a, "--cycle")) cycle = true;
     else {
-      fprintf(stderr, "usage: large [--smoke] [--full] [--sizes LIST-IN-MiB] [--iterations N]\n");
+      fprintf(stderr, "usage: large [--smoke] [--full] [--sizes LIST-IN-MiB] [--iterations N] [--cycle]\n");
       return 2;
     }
   }
   if (iters < 1) bench_die(prog, "iterations must be positive");
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  /* Sizes are in MiB; a value given with a suffix (e.g. 8m) is taken as bytes and rounded to MiB. */
   for (int s = 0; s < nsizes; s++) {
-    /* Sizes are in MiB; a value given with a suffix (e.g. 8m) is taken as bytes and rounded to MiB. */
-    long mb = sizes[s] >= (1L << 20) ? sizes[s] >> 20 : sizes[s];
-    if (mb < 1) bench_die(prog, "sizes are in MiB and must be at least 1");
+    if (sizes[s] >= (1L << 20)) sizes[s] >>= 20;
+    if (sizes[s] < 1) bench_die(prog, "sizes are in MiB and must be at least 1");
+  }
+  if (cycle) {
+    run_cycle(sizes, nsizes, iters, page);
+    return 0;
+  }
+  for (int s = 0; s < nsizes; s++) {
+    long mb = sizes[s];
     size_t size = (size_t)mb << 20;
     struct rusage r0, r1;
     /* Blocks freed untouched first. Then blocks written on every page before the free, with the floor (a
