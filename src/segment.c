@@ -224,12 +224,16 @@ static void cache_unlink(th_segment_t *seg) {
   stats_cached(-(long)seg->size);
 }
 
+/* Do a's and b's ranges touch? */
+static bool segments_adjacent(const th_segment_t *a, const th_segment_t *b) {
+  const uint8_t *pa = (const uint8_t *)a, *pb = (const uint8_t *)b;
+  return pa + a->size == pb || pb + b->size == pa;
+}
+
 /* Has the cache a segment without guard pages right before or after seg's range? (Under the lock.) */
 static bool cache_neighbour(const th_segment_t *seg) {
   for (const th_segment_t *s = cache_first; s; s = s->next)
-    if (s->guards == 0 && ((const uint8_t *)s + s->size == (const uint8_t *)seg ||
-                           (const uint8_t *)seg + seg->size == (const uint8_t *)s))
-      return true;
+    if (s->guards == 0 && segments_adjacent(s, seg)) return true;
   return false;
 }
 
@@ -249,6 +253,16 @@ static void segment_unmap(th_segment_t *seg) {
   size_t size = seg->size;
   segment_map_set(seg, size, false);
   os_unmap(seg, size);
+}
+
+/* Secure mode's guard pages of seg, which is in no list, lifted outside the cache's lock (a system call) and
+ * the lock taken again. False, with seg unmapped, when it cannot be (a fork's prepare holds it). */
+static bool cache_lift_guards(th_segment_t *seg) {
+  th_unlock(&cache_lock);
+  secure_segment_release(seg);
+  if (th_lock_unless_fork(&cache_lock)) return true;
+  segment_unmap(seg);
+  return false;
 }
 
 /* Unmap a chain linked through next (built under the lock, unmapped outside it). */
@@ -300,15 +314,10 @@ static th_segment_t *cache_take(size_t size) {
     }
   }
   if (found == NULL && larger != NULL && larger->guards != 0) {
-    /* Secure mode's guard pages would land inside the block or the rest: lifted first, outside the lock
-     * (a system call), while the segment is out of the list. */
+    /* Secure mode's guard pages would land inside the block or the rest: lifted first, while the segment is
+     * out of the list. */
     cache_unlink(larger);
-    th_unlock(&cache_lock);
-    secure_segment_release(larger);
-    if (!th_lock_unless_fork(&cache_lock)) {
-      segment_unmap(larger);
-      return NULL;
-    }
+    if (!cache_lift_guards(larger)) return NULL;
     cache_push(larger);
   }
   if (found == NULL && larger != NULL) {
@@ -464,26 +473,20 @@ void segment_release(th_segment_t *seg) {
   }
   /* Secure mode's guard pages (secure.c) stay for the segment's next use: taken whole for the same layout (a
    * paged segment of the same kind, a huge block of the same size) it needs no system call, and cache_take
-   * and cache_gather lift them before they split or move it. But a huge block's segment with a cached neighbour
-   * without guard pages has them lifted now (a system call: outside the lock), and merges: a program whose
-   * large blocks vary in size takes them from merged ranges, as in the default mode. */
-  if (seg->guards != 0 && seg->size > TH_SEGMENT_SIZE && cache_neighbour(seg)) {
-    th_unlock(&cache_lock);
-    secure_segment_release(seg);
-    if (!th_lock_unless_fork(&cache_lock)) {
-      segment_unmap(seg);
-      return;
-    }
-  }
+   * and cache_gather lift them before they split or move it. But a huge block's segment with a cached
+   * neighbour without guard pages has them lifted now (cache_lift_guards), and merges: a program whose large
+   * blocks vary in size takes them from merged ranges, as in the default mode. */
+  if (seg->guards != 0 && seg->size > TH_SEGMENT_SIZE && cache_neighbour(seg) && !cache_lift_guards(seg))
+    return;
   size_t released = seg->size;
-  /* Cached neighbours merge with it: no two cached segments without guard pages touch, so a request up to
-   * their sum takes them as one (or split). A segment is any aligned range with a header at its start:
-   * bookkeeping only. */
+  /* Cached neighbours without guard pages merge with it, so a request up to their sum takes them as one (or
+   * split); only the rest of a segment whose guard pages cache_take lifted to split it may touch one
+   * unmerged. A segment is any aligned range with a header at its start: bookkeeping only. */
   bool merged = false;
   for (th_segment_t *s = cache_first, *next; s && seg->guards == 0; s = next) {
     next = s->next;
     if (s->guards != 0) continue;
-    if ((uint8_t *)s + s->size == (uint8_t *)seg || (uint8_t *)seg + seg->size == (uint8_t *)s) {
+    if (segments_adjacent(s, seg)) {
       cache_unlink(s);
       size_t total = s->size + seg->size;
       if (s < seg) seg = s;
