@@ -50,12 +50,9 @@ static void timed_round(size_t size, size_t page, int iteration, double *ta, dou
   *tf += t3 - t2;
 }
 
-static void report_raw(const char *mode, long mb, int iters, double a, double t, double f, double sys, long flt) {
-  double per = 1e6 / ((double)mb * iters);
-  bench_json_begin("large");
-  bench_json_str("mode", mode);
-  bench_json_int("size_mb", mb);
-  bench_json_int("iterations", iters);
+/* A line's cost fields, per MiB of the mib MiB its iters iterations allocated, and its end. */
+static void report_costs(double mib, int iters, double a, double t, double f, double sys, long flt) {
+  double per = 1e6 / mib;
   bench_json_num("alloc_us_per_mb", a * per);
   bench_json_num("touch_us_per_mb", t * per);
   bench_json_num("free_us_per_mb", f * per);
@@ -63,6 +60,14 @@ static void report_raw(const char *mode, long mb, int iters, double a, double t,
   bench_json_num("sys_us_per_mb", sys * per);
   bench_json_num("minflt_per_iter", (double)flt / iters);
   bench_json_end();
+}
+
+static void report_raw(const char *mode, long mb, int iters, double a, double t, double f, double sys, long flt) {
+  bench_json_begin("large");
+  bench_json_str("mode", mode);
+  bench_json_int("size_mb", mb);
+  bench_json_int("iterations", iters);
+  report_costs((double)mb * iters, iters, a, t, f, sys, flt);
 }
 
 static void report(const char *mode, long mb, int iters, double a, double t, double f, struct rusage *r0,
@@ -83,19 +88,13 @@ static void run_cycle(const long *mbs, int n, int iters, size_t page) {
     timed_round((size_t)mb << 20, page, it, &ta, &tt, &tf);
   }
   getrusage(RUSAGE_SELF, &r1);
-  double per = 1e6 / (double)total_mb;
   bench_json_begin("large");
   bench_json_str("mode", "cycle");
   bench_json_int("sizes", n);
   bench_json_int("iterations", iters);
   bench_json_num("mean_size_mb", (double)total_mb / iters);
-  bench_json_num("alloc_us_per_mb", ta * per);
-  bench_json_num("touch_us_per_mb", tt * per);
-  bench_json_num("free_us_per_mb", tf * per);
-  bench_json_num("total_us_per_mb", (ta + tt + tf) * per);
-  bench_json_num("sys_us_per_mb", (bench_tv(r1.ru_stime) - bench_tv(r0.ru_stime)) * per);
-  bench_json_num("minflt_per_iter", (double)(r1.ru_minflt - r0.ru_minflt) / iters);
-  bench_json_end();
+  report_costs((double)total_mb, iters, ta, tt, tf, bench_tv(r1.ru_stime) - bench_tv(r0.ru_stime),
+               r1.ru_minflt - r0.ru_minflt);
 }
 
 int main(int argc, char **argv) {
