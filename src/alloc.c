@@ -37,25 +37,73 @@ TH_API void *_Znam(size_t size) __attribute__((alias("alloc_new")));
 
 bool alloc_too_large(size_t size) { return size > (size_t)PTRDIFF_MAX - 2 * TH_SEGMENT_SIZE; }
 
-TH_API void *th_calloc(size_t count, size_t size) {
-  size_t total;
-  if (th_unlikely(__builtin_mul_overflow(count, size, &total) || alloc_too_large(total))) {
+/* The first n bytes of a block of bsize bytes zeroed. A block of up to 128 bytes (bsize a multiple of 16 and
+ * n at most bsize) is zeroed whole with two, four or eight 16-byte stores, the last ones overlapping the
+ * first when bsize is not a power of two; past that, memset. glibc's memset for the small ones, through the
+ * PLT and its size dispatch, made calloc+free of 64 bytes 12 instructions longer than mimalloc 3.4.3's
+ * (bench/callgrind.sh with API=calloc). */
+typedef struct { uint64_t lo, hi; } __attribute__((aligned(16))) zero16_t;
+__attribute__((always_inline)) static inline void zero_block(void *p, size_t n, size_t bsize) {
+  if (bsize > 128) {
+    memset(p, 0, n);
+    return;
+  }
+  uint8_t *b = p, *end = b + bsize;
+  const zero16_t z = {0, 0};
+  if (bsize > 32) {
+    if (bsize > 64) {
+      *(zero16_t *)(b + 32) = z;
+      *(zero16_t *)(b + 48) = z;
+      *(zero16_t *)(end - 64) = z;
+      *(zero16_t *)(end - 48) = z;
+    }
+    *(zero16_t *)(b + 16) = z;
+    *(zero16_t *)(end - 32) = z;
+  }
+  *(zero16_t *)b = z;
+  *(zero16_t *)(end - 16) = z;
+}
+
+/* A block from the page, zeroed. A block never handed out, from a page whose memory was zero when it was
+ * carved, is zero but for its link word: the memset would only write zeros over zeros (and fault in pages
+ * the program may never touch). */
+static inline void *calloc_pop(th_page_t *page, size_t total) {
+  bool zero = page->zero_blocks && page->free->tag == 0;
+  th_block_t *b = page_pop(page);
+  if (zero) b->next = NULL;
+  else zero_block(b, total, page->block_size);
+  return b;
+}
+
+/* calloc past TH_DIRECT_MAX (SIZE_MAX: the product overflowed). */
+TH_NOINLINE static void *calloc_large(size_t total) {
+  if (alloc_too_large(total)) {
     errno = ENOMEM;
     return NULL;
   }
   if (total > TH_LARGE_MAX) return huge_alloc(NULL, total, 16, true);
-  /* A block never handed out, from a page whose memory was zero when it was carved, is zero but for its link
-   * word: the memset would only write zeros over zeros (and fault in pages the program may never touch). */
   th_page_t *page = heap_page_for_size(th_heap_tls, total);
-  th_block_t *b = page->free;
-  if (b != NULL && page->zero_blocks && b->tag == 0) {
-    b = page_pop(page);
-    b->next = NULL;
-    return b;
-  }
+  if (page->free != NULL) return calloc_pop(page, total);
   void *p = th_malloc(total);
   if (p) memset(p, 0, total);
   return p;
+}
+
+/* The first page of the class had no free block: the malloc slow path. */
+TH_NOINLINE static void *calloc_refill(size_t total) {
+  void *p = th_malloc(total);
+  if (p) memset(p, 0, total);
+  return p;
+}
+
+/* calloc's own fast path, as malloc's for sizes up to TH_DIRECT_MAX: a lookup, a pop and the zeroing. */
+TH_API void *th_calloc(size_t count, size_t size) {
+  size_t total;
+  if (__builtin_mul_overflow(count, size, &total)) total = SIZE_MAX; /* (a conditional move) */
+  if (th_unlikely(total > TH_DIRECT_MAX)) return calloc_large(total);
+  th_page_t *page = th_heap_tls->direct[(total + 15) >> 4];
+  if (th_unlikely(page->free == NULL)) return calloc_refill(total);
+  return calloc_pop(page, total);
 }
 #ifdef TH_OVERRIDE
 TH_API TH_MALLOC_ATTR void *calloc(size_t count, size_t size) __attribute__((alias("th_calloc")));

@@ -268,6 +268,29 @@ static void test_alignments(void) {
   }
 }
 
+/* Every small size, 0 to 160 bytes (calloc zeroes blocks up to 128 bytes with 16-byte stores of its own,
+ * in three patterns): a dirtied block freed between two others and taken back by calloc is zero, and its
+ * neighbours, whether or not they touch it, keep every byte. */
+static void test_calloc_small(void) {
+  for (size_t n = 0; n <= 160; n++) {
+    unsigned char *a = th_malloc(n), *b = th_malloc(n), *c = th_malloc(n);
+    if (!CHECK_MSG(a && b && c, "malloc(%zu)", n)) return;
+    size_t ua = th_usable_size(a), ub = th_usable_size(b), uc = th_usable_size(c);
+    check_fill(a, ua, 1);
+    memset(b, 0xee, ub);
+    check_fill(c, uc, 3);
+    th_free(b);
+    unsigned char *z = th_calloc(1, n);
+    if (!CHECK_MSG(z != NULL, "calloc(1, %zu)", n)) return;
+    CHECK_MSG(check_all_zero(z, n), "calloc(1, %zu) of a dirtied block", n);
+    CHECK_MSG(check_verify(a, ua, 1) == ua, "calloc(1, %zu) wrote into the block before", n);
+    CHECK_MSG(check_verify(c, uc, 3) == uc, "calloc(1, %zu) wrote into the block after", n);
+    th_free(a);
+    th_free(z);
+    th_free(c);
+  }
+}
+
 static void test_calloc(void) {
   static const size_t sizes[] = {1, 16, 48, 200, 1000, 5000, 20000, 100 * KiB, 300 * KiB, 8 * MiB};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -552,6 +575,7 @@ int main(void) {
   test_posix_memalign_einval();
   test_memalign_rounding();
   test_calloc();
+  test_calloc_small();
   test_calloc_returned_blocks();
   test_realloc_contents();
   test_usable_size();
