@@ -617,6 +617,19 @@ th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind) {
     if (page == NULL) page = p;
   }
   th_assert(page != NULL);
+  if (page->is_purged) {
+    /* None in this segment: the oldest committed slot of the kind in another of the heap's segments, which
+     * would otherwise be purged while this one faults in (the purge queue holds them, oldest first). */
+    int looked = 0;
+    for (th_page_t *p = heap->purge.first; p && looked < 8; p = p->next, looked++) {
+      th_segment_t *other = segment_of_page(p);
+      if (other->kind == kind && other != seg) {
+        page = p;
+        seg = other;
+        break;
+      }
+    }
+  }
   if (page->purge_pending) {
     heap_queue_remove(heap, &heap->purge, page);
     page->purge_pending = 0;
