@@ -42,7 +42,7 @@ bool alloc_too_large(size_t size) { return size > (size_t)PTRDIFF_MAX - 2 * TH_S
  * first when bsize is not a power of two; past that, memset. glibc's memset for the small ones, through the
  * PLT and its size dispatch, made calloc+free of 64 bytes 12 instructions longer than mimalloc 3.4.3's
  * (bench/callgrind.sh with API=calloc). */
-typedef struct { uint64_t lo, hi; } __attribute__((aligned(16))) zero16_t;
+typedef struct { uint64_t lo, hi; } __attribute__((aligned(16), may_alias)) zero16_t; /* the program's types later */
 __attribute__((always_inline)) static inline void zero_block(void *p, size_t n, size_t bsize) {
   if (bsize > 128) {
     memset(p, 0, n);
