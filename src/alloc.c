@@ -75,6 +75,13 @@ static inline void *calloc_pop(th_page_t *page, size_t total) {
   return b;
 }
 
+/* The first page of the class had no free block: the malloc slow path. */
+TH_NOINLINE static void *calloc_refill(size_t total) {
+  void *p = th_malloc(total);
+  if (p) memset(p, 0, total);
+  return p;
+}
+
 /* calloc past TH_DIRECT_MAX (SIZE_MAX: the product overflowed). */
 TH_NOINLINE static void *calloc_large(size_t total) {
   if (alloc_too_large(total)) {
@@ -84,16 +91,7 @@ TH_NOINLINE static void *calloc_large(size_t total) {
   if (total > TH_LARGE_MAX) return huge_alloc(NULL, total, 16, true);
   th_page_t *page = heap_page_for_size(th_heap_tls, total);
   if (page->free != NULL) return calloc_pop(page, total);
-  void *p = th_malloc(total);
-  if (p) memset(p, 0, total);
-  return p;
-}
-
-/* The first page of the class had no free block: the malloc slow path. */
-TH_NOINLINE static void *calloc_refill(size_t total) {
-  void *p = th_malloc(total);
-  if (p) memset(p, 0, total);
-  return p;
+  return calloc_refill(total);
 }
 
 /* calloc's own fast path, as malloc's for sizes up to TH_DIRECT_MAX: a lookup, a pop and the zeroing. */
