@@ -234,6 +234,27 @@ static void c_guard_huge(int which, int b) {
   write_target();
 }
 
+/* The rest of a cached segment split for a smaller block holds no guard page: a 20 MiB block's 24 MiB
+ * segment, freed with its guard pages, serves 7 MiB from its first 8 MiB (cache_take lifts the guards, then
+ * splits), and 15 MiB from the other 16, written whole. A guard page left there (the old block's end guard,
+ * 20 MiB in) would kill the child. */
+static void c_split_rest(int a, int b) {
+  (void)a, (void)b;
+  unsigned char *f = must_malloc(20 * MiB);
+  uintptr_t seg = (uintptr_t)f & ~(SEGMENT - 1);
+  th_free(f);
+  unsigned char *p = th_malloc(7 * MiB), *q = th_malloc(15 * MiB);
+  if (p == NULL || q == NULL) _exit(91);
+  if (((uintptr_t)p & ~(SEGMENT - 1)) != seg || (uintptr_t)q < seg + 8 * MiB || (uintptr_t)q >= seg + 24 * MiB) {
+    check_expect("7 and 15 MiB not served from the freed 24 MiB segment (cache held another)");
+    _exit(92);
+  }
+  check_expect("ok");
+  memset(p, 0x3e, 7 * MiB);
+  memset(q, 0x3f, 15 * MiB);
+  _exit(0);
+}
+
 /* Just past a segment's metadata. */
 static void c_guard_metadata(int a, int b) {
   (void)a, (void)b;
@@ -365,6 +386,17 @@ static void fault(const char *label, void (*fn)(int, int), int a, int b) {
   CHECK_MSG(WIFSIGNALED(res.status) && WTERMSIG(res.status) == SIGSEGV, "%s: child %s; stderr: %s", label, how,
             res.err);
   CHECK_MSG(res.err_len == 0, "%s: unexpected stderr \"%s\"", label, res.err);
+}
+
+/* A child that must finish: it says "ok" just before the part that must not fault, then exits 0. */
+static void runs(const char *label, void (*fn)(int, int), int a, int b) {
+  check_child_t res;
+  check_run_child(fn, a, b, &check_info_fd, &res);
+  char how[128];
+  check_describe(res.status, how, sizeof how);
+  printf("%-62s %s\n", label, how);
+  CHECK_MSG(strcmp(res.info, "ok") == 0, "%s: %s (%s)", label, res.info[0] ? res.info : "no word from the child", how);
+  CHECK_MSG(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0, "%s: child %s; stderr: %s", label, how, res.err);
 }
 
 static void c_ovf(int size, int how) { c_overflow(size, how); }
@@ -589,6 +621,7 @@ int main(void) {
   fault("linear overflow past a huge block in a cached segment, its end guard moved", c_guard_huge, 4, 0);
   fault("linear overflow past a huge block split from a cached segment", c_guard_huge, 5, 0);
   fault("write just past a segment's metadata", c_guard_metadata, 0, 0);
+  runs("the rest of a cached segment split for a smaller block", c_split_rest, 0, 0);
   fault("write past the end of a medium page", c_guard_page, 20000, 0);
   fault("write past the end of a large page", c_guard_page, 300000, 0);
   stop("write after free into the tag word", c_write_after_free, 8, 0, NULL);
