@@ -99,7 +99,7 @@ TH_API void *th_calloc(size_t count, size_t size) {
   size_t total;
   if (__builtin_mul_overflow(count, size, &total)) total = SIZE_MAX; /* (a conditional move) */
   if (th_unlikely(total > TH_DIRECT_MAX)) return calloc_large(total);
-  th_page_t *page = th_heap_tls->direct[(total + 15) >> 4];
+  th_page_t *page = heap_direct_small(th_heap_tls, total);
   if (th_unlikely(page->free == NULL)) return calloc_refill(total);
   return calloc_pop(page, total);
 }

@@ -668,10 +668,15 @@ static inline void page_free_from_local(th_page_t *page) {
   page->local_free = NULL;
 }
 
+/* The page the small direct table gives for a request of size <= TH_DIRECT_MAX bytes: an entry per 16 bytes. */
+static inline th_page_t *heap_direct_small(const th_heap_t *heap, size_t size) {
+  return heap->direct[(size + 15) >> 4];
+}
+
 /* The page the direct tables give for a request of size <= TH_LARGE_MAX bytes (its class's first page, or an
  * empty one). */
 static inline th_page_t *heap_page_for_size(th_heap_t *heap, size_t size) {
-  if (th_likely(size <= TH_DIRECT_MAX)) return heap->direct[(size + 15) >> 4];
+  if (th_likely(size <= TH_DIRECT_MAX)) return heap_direct_small(heap, size);
   if (size <= TH_MEDIUM_MAX) return heap->direct_medium[(size + 255) >> 8];
   return heap->direct_large[(size + 16383) >> 14];
 }
@@ -684,7 +689,7 @@ __attribute__((always_inline)) static inline void *heap_malloc_or(th_heap_t *hea
   th_page_t *page;
   /* heap_page_for_size's lookup with the huge case as its last branch: a test of its own before or after the
    * lookup (NULL for huge) cost the pop path 4 instructions. */
-  if (th_likely(size <= TH_DIRECT_MAX)) page = heap->direct[(size + 15) >> 4];
+  if (th_likely(size <= TH_DIRECT_MAX)) page = heap_direct_small(heap, size);
   else if (size <= TH_MEDIUM_MAX) page = heap->direct_medium[(size + 255) >> 8];
   else if (size <= TH_LARGE_MAX) page = heap->direct_large[(size + 16383) >> 14];
   else return slow(heap, size);
