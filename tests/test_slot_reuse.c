@@ -37,7 +37,7 @@ int main(void) {
   for (int i = 0; i < BLOCKS; i++) {
     a[i] = th_malloc(SIZE);
     if (!CHECK(a[i] != NULL)) return check_summary();
-    memset(a[i], i & 0xff, SIZE);
+    check_fill(a[i], SIZE, (unsigned)i);
   }
   uintptr_t first = segment_of(a[0]), second = 0;
   for (int i = 0; i < BLOCKS && second == 0; i++)
@@ -81,9 +81,7 @@ int main(void) {
 
   for (int i = 0; i < BLOCKS; i++) {
     if (a[i] == NULL) continue;
-    int intact = 1;
-    for (int k = 0; k < SIZE; k++) intact &= a[i][k] == (i & 0xff);
-    CHECK_MSG(intact, "block %d lost its contents", i);
+    CHECK_MSG(check_verify(a[i], SIZE, (unsigned)i) == SIZE, "block %d lost its contents", i);
     th_free(a[i]);
   }
   th_free(b);
