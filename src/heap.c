@@ -153,6 +153,7 @@ void heap_free_local(th_heap_t *heap, th_page_t *page) {
 void heap_free_tick(th_heap_t *heap, th_page_t *page) {
   heap_slow_enter(heap);
   th_assert(!page->in_full || page->used_word >> TH_USED_BITS == 0); /* parked: the count was all ones */
+  page->owner_freed = 1;
   if (page->in_full) {
     heap_count_frees(heap, page->class_idx, 1); /* the one free that carried out of the all-ones count */
     heap_free_local(heap, page);
@@ -349,7 +350,7 @@ void heap_sweep(th_heap_t *heap, uint64_t now) {
       next = page->next;
       if (!page_is_empty(page)) continue;
       if (__atomic_load_n(&page->used_word, __ATOMIC_RELAXED) == 0) carried = true;
-      bool handed_away = page_owner_frees(page) == 0; /* no free of the owner's counted (modulo 4,096) */
+      bool handed_away = page_owner_frees(page) == 0 && !page->owner_freed; /* no free of the owner's */
       page_free_empty_as(heap, page, true);
       if (handed_away && page->purge_pending) slot_purge(heap, page);
       heap->sweep_kept = true;

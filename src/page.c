@@ -47,6 +47,7 @@ void page_init(th_page_t *page, th_segment_t *seg, size_t index, size_t class_id
   page->tail_fresh = page->is_purged; /* untouched since mapped, or purged since last used */
   page->zero_blocks = page->is_zero;
   page->is_zero = 0; /* the slot is in use now: its memory will be written */
+  page->owner_freed = 0;
   page->free = page->local_free = NULL;
   page->class_idx = (uint8_t)class_idx;
   page->in_full = 0;

@@ -165,6 +165,10 @@ typedef struct th_page_s {
   /* Every block carved from this page was zero when carved, so one never handed out (a free-list block whose
    * tag is still 0: every free tags the block) is zero but for its link word: th_calloc skips its memset. */
   uint8_t zero_blocks : 1;
+  /* The owner's free count carried since page_init (heap_free_tick): the owner freed blocks into the page
+   * though the count may read 0 (it wrapped, or the free that unparked the page reset it). heap_sweep tells
+   * a page the owner worked in from one whose blocks all came back by other threads' frees. */
+  uint8_t owner_freed : 1;
   _Atomic(uintptr_t) thread_free;  /* remote frees: a block stack, its length and a state (see TH_TF_*) */
   struct th_page_s *next, *prev;   /* heap queue, full queue or purge queue */
   struct th_page_s *ready_next;    /* link on heap->ready (pushed by a remote thread) */
