@@ -356,12 +356,17 @@ static void c_forged_link(int remote, int b) {
 
 /* ---- the parent side */
 
+/* The child run, and how it ended in words (for the messages of stop, fault and runs). */
+static void child(void (*fn)(int, int), int a, int b, check_child_t *res, char *how, size_t n) {
+  check_run_child(fn, a, b, &check_info_fd, res);
+  check_describe(res->status, how, n);
+}
+
 /* The child's info is the whole line; with prefix, the line is prefix + anything + info. */
 static void stop(const char *label, void (*fn)(int, int), int a, int b, const char *prefix) {
   check_child_t res;
-  check_run_child(fn, a, b, &check_info_fd, &res);
   char how[128];
-  check_describe(res.status, how, sizeof how);
+  child(fn, a, b, &res, how, sizeof how);
   printf("%-62s %s", label, res.err_len ? res.err : "(no output)\n");
   CHECK_MSG(WIFSIGNALED(res.status) && WTERMSIG(res.status) == SIGABRT, "%s: child %s; stderr: %s", label, how,
             res.err);
@@ -378,9 +383,8 @@ static void stop(const char *label, void (*fn)(int, int), int a, int b, const ch
 
 static void fault(const char *label, void (*fn)(int, int), int a, int b) {
   check_child_t res;
-  check_run_child(fn, a, b, &check_info_fd, &res);
   char how[128];
-  check_describe(res.status, how, sizeof how);
+  child(fn, a, b, &res, how, sizeof how);
   printf("%-62s %s\n", label, how);
   CHECK_MSG(strcmp(res.info, "SIGSEGV") == 0, "%s: the child failed before the write (%s)", label, how);
   CHECK_MSG(WIFSIGNALED(res.status) && WTERMSIG(res.status) == SIGSEGV, "%s: child %s; stderr: %s", label, how,
@@ -391,9 +395,8 @@ static void fault(const char *label, void (*fn)(int, int), int a, int b) {
 /* A child that must finish: it says "ok" just before the part that must not fault, then exits 0. */
 static void runs(const char *label, void (*fn)(int, int), int a, int b) {
   check_child_t res;
-  check_run_child(fn, a, b, &check_info_fd, &res);
   char how[128];
-  check_describe(res.status, how, sizeof how);
+  child(fn, a, b, &res, how, sizeof how);
   printf("%-62s %s\n", label, how);
   CHECK_MSG(strcmp(res.info, "ok") == 0, "%s: %s (%s)", label, res.info[0] ? res.info : "no word from the child", how);
   CHECK_MSG(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0, "%s: child %s; stderr: %s", label, how, res.err);
