@@ -382,6 +382,43 @@ def test_sampler_reads_a_live_process():
     assert run_stats.Sampler(2 ** 22 + 12345, 0.0).sample() is None
 
 
+def test_sampler_dates_the_export_by_its_publication(tmp_path):
+    """A publication read an interval after the library wrote it keeps its own time: the peak column is dated
+    by it, and /proc's RSS beside it by the read."""
+    import time
+    counters = {k: MIB for k in run_stats.ATTRIBUTION}
+    counters["purged"] = 0
+    body = b"".join(struct.pack("<24sQ", k.encode(), v) for k, v in counters.items())
+    written = time.time_ns() - 600_000_000  # 0.6 s before the read
+    header = struct.pack("<8sIIQQQQIIQ", b"THSTATS1", 1, 64 + len(body), 2, os.getpid(), written, 100,
+                         len(counters), 0, written)
+    (tmp_path / f"threadheap.{os.getpid()}").write_bytes(header + body)
+    sampler = run_stats.Sampler(os.getpid(), time.monotonic() - 1.0, export_dir=str(tmp_path))
+    s = sampler.sample()
+    assert s is not None and s.held == len(run_stats.ATTRIBUTION) * MIB
+    assert 0.95 <= s.t < 1.5 and 0.35 <= s.published <= 0.45  # read 1 s after the start, written at 0.4 s
+    assert sampler.peak_export is s
+    lines = run_stats.memory_section(counters, sampler, "100")
+    assert f"at peak ({s.published:.2f} s)" in lines[1]
+    assert any(line.strip().startswith(f"process RSS (/proc) at {s.t:.2f} s") for line in lines)
+    assert not any("committed at its highest" in line for line in lines)  # no committed_peak at exit
+    # The library's own peak, past what the publications read, is named.
+    lines = run_stats.memory_section(dict(counters, committed_peak=40 * MIB), sampler, "100")
+    assert any(line.strip() == "committed at its highest: 40.0 MiB (committed_peak, counted at every change)"
+               for line in lines)
+    lines = run_stats.memory_section(dict(counters, committed_peak=3 * MIB), sampler, "100")
+    assert not any("committed at its highest" in line for line in lines)  # under the peak column's total
+
+
+def test_peak_read_at_its_publication_names_no_second_time():
+    peak = run_stats.Sample(0.5, 150 * MIB, 140 * MIB, 150 * MIB, 0, 0, 0,
+                            parts={k: MIB for k in run_stats.ATTRIBUTION}, purged=0, published=0.498)
+    sampler = SimpleNamespace(peak_export=peak, peak_rss=peak, pairs=[], hwm=150 * MIB)
+    lines = run_stats.memory_section(counters(in_use=MIB), sampler, "100")
+    assert "at peak (0.50 s)" in lines[1]
+    assert any(line.split()[:3] == ["process", "RSS", "(/proc)"] and line.split()[3] == "-" for line in lines)
+
+
 def test_rates_per_interval():
     S = run_stats.Sample
     samples = [S(0.0, 0, 0, 0, 100, 10, 0), S(0.5, 0, 0, 0, 600, 12, 0), S(1.0, 0, 0, 0, 600, 11, 0)]

@@ -70,6 +70,8 @@ class Sample:
     parts: dict = None   # ATTRIBUTION name -> bytes from the live export's last publication, None without one
     purged: int = None   # the export's `purged`: mapped, not resident
     pairs: list = None   # procstat.RemotePair of that publication
+    published: float = None  # when the library wrote that publication, seconds since the start: up to an
+    #                          interval (or more, between slow paths) before t, when /proc was read
 
     @property
     def held(self):
@@ -97,6 +99,7 @@ class Sampler:
 
     def __init__(self, pid, start, keep=False, proc="/proc", export_dir=procstat.EXPORT_DIR):
         self.pid, self.start, self.keep = pid, start, keep
+        self.start_wall = time.time() - (time.monotonic() - start)  # the start on the export's clock
         self.proc, self.export_dir = proc, export_dir
         self.samples = []
         self.peak_export = self.peak_rss = None
@@ -140,6 +143,7 @@ class Sampler:
             s.parts = {k: export.counters[k] for k in ATTRIBUTION}
             s.purged = export.counters.get("purged")
             s.pairs = export.pairs
+            s.published = export.time_ns / 1e9 - self.start_wall
             if export.pairs:
                 self.pairs = export.pairs
             if self.peak_export is None or s.held > self.peak_export.held:
@@ -460,16 +464,26 @@ def memory_section(counters, sampler, export_interval):
     rows.append(("resident, total", sum(counters[k] for k in ATTRIBUTION) if have_exit else None,
                  peak.held if peak else None))
     rows.append(("mapped, not resident", counters.get("purged"), peak.purged if peak else None))
+    # The peak column is the publication with the highest total, dated when the library wrote it; /proc's
+    # RSS beside it was read when the sampler found it, up to an interval later.
+    head = f"  {'':<30}{'at exit':>12}"
     if peak:
-        rows.append(("process RSS (/proc)", None, peak.rss))
-    lines = ["memory (threadheap's attribution of its resident bytes)",
-             f"  {'':<30}{'at exit':>12}" + (f"{f'at peak ({peak.t:.2f} s)':>22}" if peak else "")]
+        published = peak.published if peak.published is not None else peak.t
+        late = f"{peak.t:.2f}" != f"{published:.2f}"
+        rows.append((f"process RSS (/proc) at {peak.t:.2f} s" if late else "process RSS (/proc)", None, peak.rss))
+        head += f"{f'at peak ({published:.2f} s)':>22}"
+    lines = ["memory (threadheap's attribution of its resident bytes)", head]
     for label, at_exit, at_peak in rows:
         lines.append((f"  {label:<30}{cell(at_exit):>12}" + (f"{cell(at_peak):>22}" if peak else "")).rstrip())
     if peak is None:
         why = ("THREADHEAP_STATS_INTERVAL=0" if export_interval in ("0", "") else
                "the program ended before its first publication")
         lines.append(f"  no peak: no live export was read ({why})")
+    # committed_peak follows every change, so a peak between two publications still shows there.
+    committed_peak = counters.get("committed_peak")
+    if peak is not None and committed_peak and committed_peak > peak.held:
+        lines.append(f"  committed at its highest: {human_bytes(committed_peak)} (committed_peak, counted at "
+                     "every change)")
     top = sampler.peak_rss if sampler else None
     if peak is not None and top is not None and top is not peak:
         lines.append(f"  highest sampled RSS: {human_bytes(top.rss)} at {top.t:.2f} s")
