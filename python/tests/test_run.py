@@ -18,11 +18,13 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from exports import write_export
 from threadheap import procstat, run, run_record, run_stats
 
 REPO = Path(__file__).resolve().parents[2]
@@ -385,14 +387,10 @@ def test_sampler_reads_a_live_process():
 def test_sampler_dates_the_export_by_its_publication(tmp_path):
     """A publication read an interval after the library wrote it keeps its own time: the peak column is dated
     by it, and /proc's RSS beside it by the read."""
-    import time
     counters = {k: MIB for k in run_stats.ATTRIBUTION}
     counters["purged"] = 0
-    body = b"".join(struct.pack("<24sQ", k.encode(), v) for k, v in counters.items())
     written = time.time_ns() - 600_000_000  # 0.6 s before the read
-    header = struct.pack("<8sIIQQQQIIQ", b"THSTATS1", 1, 64 + len(body), 2, os.getpid(), written, 100,
-                         len(counters), 0, written)
-    (tmp_path / f"threadheap.{os.getpid()}").write_bytes(header + body)
+    write_export(tmp_path, os.getpid(), counters, time_ns=written, start_ns=written, interval_ms=100)
     sampler = run_stats.Sampler(os.getpid(), time.monotonic() - 1.0, export_dir=str(tmp_path))
     s = sampler.sample()
     assert s is not None and s.held == len(run_stats.ATTRIBUTION) * MIB

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from exports import export_bytes, write_export
 from threadheap import procstat, top, top_view
 
 REPO = Path(__file__).resolve().parents[2]
@@ -148,27 +149,6 @@ def write_fake_proc(root, pid=4242, comm="my (odd) app", minflt=0, majflt=0, uti
     (root / "vmstat").write_text("".join(f"{k} {v}\n" for k, v in (vmstat or {}).items()))
     (root / "stat").write_text("cpu 1 2 3\nbtime 1700000000\n")
     return base
-
-
-# Live export files, written as docs/live-export.md lays them out.
-
-
-def export_bytes(pid, counters, pairs=(), seq=2, magic=b"THSTATS1", version=1, time_ns=None, start_ns=None,
-                 interval_ms=1000, size=None):
-    now = time.time_ns()
-    body = b"".join(struct.pack("<24sQ", name.encode(), value) for name, value in counters.items())
-    body += b"".join(struct.pack("<II16s16sQQ", f, t, fn.encode(), tn.encode(), last, total)
-                     for f, t, fn, tn, last, total in pairs)
-    header = struct.pack("<8sIIQQQQIIQ", magic, version, size if size is not None else 64 + len(body), seq, pid,
-                         now if time_ns is None else time_ns, interval_ms, len(counters), len(pairs),
-                         now if start_ns is None else start_ns)
-    return header + body
-
-
-def write_export(directory, pid, counters, **kw):
-    path = Path(directory) / f"threadheap.{pid}"
-    path.write_bytes(export_bytes(pid, counters, **kw))
-    return path
 
 
 class ExportWriter:
