@@ -28,7 +28,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -47,7 +46,7 @@ static struct {
   int stage;
   bool rounds_after;       /* the owner runs rounds of its own once woken (else it only finishes) */
   bool hands_rest;         /* the owner frees one block of the second page; the main thread the rest */
-  unsigned char *a[BLOCKS]; /* the blocks, each SIZE bytes of 0x40 + i % 61 */
+  unsigned char *a[BLOCKS]; /* the blocks, block i filled by check_fill with key i */
   bool handed[BLOCKS];      /* with hands_rest: the blocks the main thread frees */
   uintptr_t slot;          /* the second page's slot */
   long woken, later;       /* its resident pages after the owner's first rounds, and after 2.5 delays */
@@ -74,7 +73,7 @@ static void *owner(void *arg) {
   for (int i = 0; i < BLOCKS; i++) {
     a[i] = th_malloc(SIZE);
     if (!CHECK(a[i] != NULL)) abort();
-    memset(a[i], 0x40 + i % 61, SIZE);
+    check_fill(a[i], SIZE, (unsigned)i);
   }
   own.slot = (uintptr_t)a[100] & ~(uintptr_t)(SLOT - 1); /* the second page */
   bool one_freed = false;
@@ -92,9 +91,7 @@ static void *owner(void *arg) {
     run_rounds(2.5 * delay);
     own.later = resident_pages(own.slot, SLOT);
   }
-  bool intact = true;
-  for (int k = 0; k < SIZE; k++) intact = intact && a[0][k] == 0x40;
-  own.kept_intact = intact;
+  own.kept_intact = check_verify(a[0], SIZE, 0) == SIZE;
   th_free(a[0]);
   return NULL;
 }
@@ -112,7 +109,7 @@ static void run_owner(bool rounds_after, bool hands_rest, long *before, long *sw
     int n = 0;
     for (int i = 0; i < BLOCKS; i++) {
       if (!own.handed[i]) continue;
-      for (int k = 0; k < SIZE; k++) intact = intact && own.a[i][k] == 0x40 + i % 61;
+      intact = intact && check_verify(own.a[i], SIZE, (unsigned)i) == SIZE;
       th_free(own.a[i]);
       n++;
     }
