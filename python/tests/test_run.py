@@ -424,6 +424,31 @@ def test_rates_per_interval():
     assert run_record.rates(samples, "voluntary") == ([0.0, 0.5, 1.0], [4.0, 0.0])  # a thread left: 0, not < 0
 
 
+def test_attribution_is_drawn_at_each_publication():
+    """A publication is drawn once, when the library wrote it, with /proc's RSS of that moment (interpolated)
+    around it; samples before the first publication attribute nothing."""
+    S = run_stats.Sample
+
+    def parts(mib):
+        return {k: mib * MIB for k in run_stats.ATTRIBUTION}
+
+    n = len(run_stats.ATTRIBUTION)
+    samples = [S(0.1, 10 * MIB, 0, 0, 0, 0, 0),
+               S(0.2, 20 * MIB, 0, 0, 0, 0, 0, parts=parts(1), published=0.15),
+               S(0.3, 30 * MIB, 0, 0, 0, 0, 0, parts=parts(1), published=0.15),  # read again
+               S(0.5, 50 * MIB, 0, 0, 0, 0, 0, parts=parts(2), published=0.45),
+               S(0.7, 70 * MIB, 0, 0, 0, 0, 0, parts=parts(2), published=0.45)]
+    times, stacks, rest = run_record.attribution_series(samples)
+    assert times == [0.1, 0.15, 0.45]
+    assert [stack for stack in stacks] == [[0, MIB, 2 * MIB]] * n
+    assert rest == [10 * MIB, pytest.approx((15 - n) * MIB), pytest.approx((45 - 2 * n) * MIB)]
+    # A publication that holds more than /proc's RSS around it leaves no negative rest; one written before the
+    # first sample takes that sample's RSS.
+    samples = [S(0.2, 3 * MIB, 0, 0, 0, 0, 0, parts=parts(1), published=0.05)]
+    assert run_record.attribution_series(samples) == ([0.05], [[MIB]] * n, [0])
+    assert run_record.rss_at(samples, 0.05) == 3 * MIB and run_record.rss_at(samples, 0.9) == 3 * MIB
+
+
 def test_draw_with_too_few_samples(tmp_path):
     pytest.importorskip("matplotlib")
     S = run_stats.Sample

@@ -2,8 +2,9 @@
 
 Three panels over the seconds since the program started: RSS, split by threadheap's attribution when the
 live export was there (in use, free in pages, empty pages, cached, metadata, and the rest of RSS: code,
-libraries, stacks, memory not from threadheap, and what changed since the export's last publication), else
-by /proc/PID/status's anonymous and file-backed parts; minor page faults per second; voluntary and
+libraries, stacks, memory not from threadheap), each publication drawn at the time the library wrote it
+(attribution_series), else by /proc/PID/status's anonymous and file-backed parts; the RSS line is /proc's,
+at each sample; minor page faults per second; voluntary and
 involuntary context switches per second, summed over the program's threads. matplotlib (Agg backend) is
 imported only here, when drawing.
 """
@@ -61,6 +62,52 @@ def rates(samples, field):
     return edges, values
 
 
+def attribution_series(samples):
+    """(times, stacks, rest): threadheap's attribution at each of its publications, for a stack plot.
+
+    The library publishes on its slow paths, at most once an interval, so a sample reads a publication written
+    up to an interval before it, or longer when the program made no slow-path call meanwhile; drawn at the
+    sample's time it would stand beside an RSS read later. Each publication is drawn once, at the time it was
+    written (Sample.published); the samples before the first one add points with nothing attributed, their RSS
+    all "rest". stacks: a list per ATTRIBUTION name, in bytes; rest: RSS at that time (interpolated between
+    the samples on either side) less threadheap's total, never below 0. No point after the last publication:
+    what the library held since is not known."""
+    times, stacks, rest = [], [[] for _ in ATTRIBUTION], []
+    seen = None
+    published = [s for s in samples if s.parts is not None and s.published is not None]
+    first = min((s.published for s in published), default=None)
+    for s in samples:
+        if first is not None and s.t >= first:
+            break
+        times.append(s.t)
+        for stack in stacks:
+            stack.append(0)
+        rest.append(s.rss)
+    for s in sorted(published, key=lambda s: s.published):
+        if s.published == seen:
+            continue  # the same publication, read again by a later sample
+        seen = s.published
+        times.append(s.published)
+        for stack, k in zip(stacks, ATTRIBUTION):
+            stack.append(s.parts[k])
+        rest.append(max(rss_at(samples, s.published) - s.held, 0))
+    return times, stacks, rest
+
+
+def rss_at(samples, t):
+    """/proc's RSS at time t, interpolated linearly between the samples around it (the nearest outside)."""
+    before = [s for s in samples if s.t <= t]
+    after = [s for s in samples if s.t >= t]
+    if not before:
+        return after[0].rss
+    if not after:
+        return before[-1].rss
+    a, b = before[-1], after[0]
+    if b.t == a.t:
+        return a.rss
+    return a.rss + (b.rss - a.rss) * (t - a.t) / (b.t - a.t)
+
+
 def draw(path, samples, command, status, wall):
     """Writes the picture to path (its suffix picks PNG or SVG)."""
     import matplotlib
@@ -77,15 +124,14 @@ def draw(path, samples, command, status, wall):
     fig.suptitle(f"{title}\n{how_it_ended(status)} after {wall:.2f} s; {machine_line()}", fontsize=10)
     t = [s.t for s in samples]
 
-    if any(s.parts is not None for s in samples):
-        # Before the first publication there is nothing to split: that RSS shows as "other".
-        stacks = [[(s.parts or {}).get(k, 0) / MIB for s in samples] for k in ATTRIBUTION]
-        other = [max(s.rss - (s.held or 0), 0) / MIB for s in samples]
-        labels = [ATTRIBUTION_LABELS[k] for k in ATTRIBUTION] + \
-            ["rest of RSS (not threadheap's, or newer than its export)"]
-        ax_mem.stackplot(t, *stacks, other, labels=labels,
-                         colors=[COLORS[k] for k in ATTRIBUTION] + [COLORS["other"]], alpha=0.9)
-        ax_mem.set_title("RSS by threadheap's attribution (live export)", fontsize=9)
+    if any(s.parts is not None and s.published is not None for s in samples):
+        times, stacks, rest = attribution_series(samples)
+        labels = [ATTRIBUTION_LABELS[k] for k in ATTRIBUTION] + ["rest of RSS (code, libraries, stacks, "
+                                                                 "not threadheap's)"]
+        ax_mem.stackplot(times, *[[v / MIB for v in stack] for stack in stacks], [v / MIB for v in rest],
+                         labels=labels, colors=[COLORS[k] for k in ATTRIBUTION] + [COLORS["other"]], alpha=0.9)
+        ax_mem.set_title("RSS by threadheap's attribution (live export), each publication at the time it was "
+                         "written", fontsize=9)
     else:
         anon = [s.rss_anon / MIB for s in samples]
         file_ = [max(s.rss - s.rss_anon, 0) / MIB for s in samples]
