@@ -449,6 +449,17 @@ def test_attribution_is_drawn_at_each_publication():
     assert run_record.rss_at(samples, 0.05) == 3 * MIB and run_record.rss_at(samples, 0.9) == 3 * MIB
 
 
+def test_export_gap_is_noted_when_publications_stop():
+    S = run_stats.Sample
+    parts = {k: MIB for k in run_stats.ATTRIBUTION}
+    samples = [S(0.1 * i, 10 * MIB, 0, 0, 0, 0, 0, parts=parts, published=0.1 * i - 0.05) for i in range(1, 4)]
+    assert run_record.export_gap_note(samples) is None  # each sample reads a publication of its interval
+    later = [S(0.1 * i, 10 * MIB, 0, 0, 0, 0, 0, parts=parts, published=0.25) for i in range(4, 9)]
+    note = run_record.export_gap_note(samples + later)  # the program stopped publishing at 0.25 s
+    assert note.startswith("no publication after 0.25 s")
+    assert run_record.export_gap_note([S(0.1, MIB, 0, 0, 0, 0, 0), S(0.9, MIB, 0, 0, 0, 0, 0)]) is None
+
+
 def test_draw_with_too_few_samples(tmp_path):
     pytest.importorskip("matplotlib")
     S = run_stats.Sample

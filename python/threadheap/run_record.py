@@ -94,6 +94,20 @@ def attribution_series(samples):
     return times, stacks, rest
 
 
+def export_gap_note(samples):
+    """A line for the RSS panel when the last publication is older than two sampling intervals at the last
+    sample (the program made no slow-path call since, or stopped publishing): why the stack ends early. None
+    otherwise, or without an export."""
+    published = [s.published for s in samples if s.parts is not None and s.published is not None]
+    if not published or len(samples) < 2:
+        return None
+    steps = sorted(b.t - a.t for a, b in zip(samples, samples[1:]))
+    last = max(published)
+    if samples[-1].t - last <= 2 * steps[len(steps) // 2]:
+        return None
+    return f"no publication after {last:.2f} s (threadheap publishes on its slow paths): /proc's RSS alone after it"
+
+
 def rss_at(samples, t):
     """/proc's RSS at time t, interpolated linearly between the samples around it (the nearest outside)."""
     before = [s for s in samples if s.t <= t]
@@ -130,8 +144,9 @@ def draw(path, samples, command, status, wall):
                                                                  "not threadheap's)"]
         ax_mem.stackplot(times, *[[v / MIB for v in stack] for stack in stacks], [v / MIB for v in rest],
                          labels=labels, colors=[COLORS[k] for k in ATTRIBUTION] + [COLORS["other"]], alpha=0.9)
-        ax_mem.set_title("RSS by threadheap's attribution (live export), each publication at the time it was "
-                         "written", fontsize=9)
+        title = "RSS by threadheap's attribution (live export), each publication at the time it was written"
+        note = export_gap_note(samples)
+        ax_mem.set_title(title + (f"\n{note}" if note else ""), fontsize=9)
     else:
         anon = [s.rss_anon / MIB for s in samples]
         file_ = [max(s.rss - s.rss_anon, 0) / MIB for s in samples]
