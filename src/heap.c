@@ -227,6 +227,22 @@ static void heap_purge_slots(th_heap_t *heap, uint64_t upto) {
   while (heap->purge.first && heap->purge.first->free_since_ms <= upto) slot_purge(heap, heap->purge.first);
 }
 
+/* Did the heap's thread run through the pause in progress (heap_pause_pending), its CPU time since the last
+ * round a quarter of the gap or more? Then the process was busy, on fast paths that reach no round (a program
+ * that fills and reads its own caches), and the gap is no pause on the process clock: segments cached before
+ * it waited that long, and go now (process_clock_round). The heap's own clock still takes the gap for a
+ * pause: its free slots and pages are the thread's, reused as it allocates again. Thread heaps only: an
+ * explicit heap's rounds run on whichever thread uses it, whose CPU time says nothing of the gap. One
+ * clock_gettime a round, from a heap's second round on (the first has no gap before it: a thread that lives
+ * for one round, as programs that start thousands of short threads have, makes no system call for this). */
+static bool heap_ran_through(th_heap_t *heap, uint64_t pause, uint64_t round) {
+  if (heap_is_explicit(heap) || heap->next_purge_ms == 0) return false;
+  uint64_t cpu = os_thread_cpu_ms(), last = heap->round_cpu_ms;
+  heap->round_cpu_ms = cpu;
+  /* last == 0: the first round did not read it, and the gap since is taken for a pause, as before. */
+  return pause != 0 && last != 0 && cpu >= last && (cpu - last) * 4 >= pause + round; /* pause + round: the gap */
+}
+
 /* Return memory unused for the purge delay (everything with force): free page slots are purged, kept empty
  * pages are freed, the free blocks of idle pages in use are purged inside, and the process-wide segment
  * cache is trimmed. Runs on slow paths only. */
@@ -239,9 +255,10 @@ void heap_purge(th_heap_t *heap, bool force) {
   heap_release_swept(heap);
   uint64_t round = purge_round_ms(delay);
   uint64_t pause = heap_pause_pending(heap, now);
+  bool ran = heap_ran_through(heap, pause, round);
   bool paused = pause != 0;
   heap->paused_ms += pause; /* the gap counted as one round interval */
-  process_clock_round(now, round);
+  process_clock_round(now, round, ran);
   uint64_t clock = now - heap->paused_ms;
   /* Sweepers read it (sweep.c): a relaxed atomic store, a plain mov. */
   __atomic_store_n(&heap->next_purge_ms, now + round, __ATOMIC_RELAXED);

@@ -155,7 +155,8 @@ void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched
 void segment_release(th_segment_t *seg);
 size_t segment_cache_resident(void);
 void segment_cache_purge(bool force);
-void process_clock_round(uint64_t now, uint64_t round); /* a purge round of any heap: the process clock (segment.c) */
+/* A purge round of any heap, whose thread ran through its gap or not: the process clock (segment.c). */
+void process_clock_round(uint64_t now, uint64_t round, bool ran);
 void segment_abandon(th_segment_t *seg);
 bool segment_try_adopt(th_heap_t *heap, th_kind_t kind, uint64_t min_age_ms);
 void segment_lock_all(unsigned level);

@@ -20,13 +20,16 @@ static _Atomic(uint64_t) cache_next_purge_ms;
 
 /* The clock of the cache and of abandoned segments, process-wide: wall time less the process's pauses, the
  * gaps between purge rounds of any heap past two round intervals, each counted as one interval (a heap's own
- * clock, th_heap_t.paused_ms, does the same for its slots and pages). A program whose threads all slept
- * finds its free segments cached as it left them, instead of unmapped by its first round. */
+ * clock, th_heap_t.paused_ms, does the same for its slots and pages), unless the thread whose round ends the
+ * gap ran through its own (ran: heap_ran_through). A program whose threads all slept finds its free segments
+ * cached as it left them, instead of unmapped by its first round; one that ran on its fast paths alone has
+ * them unmapped at its first round once they waited the delay, instead of keeping them beside the new
+ * memory it takes meanwhile. */
 static _Atomic(uint64_t) process_last_round_ms, process_paused_ms;
 
-void process_clock_round(uint64_t now, uint64_t round) {
+void process_clock_round(uint64_t now, uint64_t round, bool ran) {
   uint64_t last = atomic_exchange_explicit(&process_last_round_ms, now, memory_order_relaxed);
-  uint64_t pause = pause_since(last, now, round);
+  uint64_t pause = ran ? 0 : pause_since(last, now, round);
   if (pause != 0) atomic_fetch_add_explicit(&process_paused_ms, pause, memory_order_relaxed);
 }
 

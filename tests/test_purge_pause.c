@@ -1,5 +1,6 @@
 /* test_purge_pause.c: memory a heap left free before a pause is not given back at the purge rounds just
- * after it, but once the heap has run for the purge delay without using it.
+ * after it, but once the heap has run for the purge delay without using it; and with `busy`, a segment cached
+ * before the thread runs for as long on no allocator path at all is given back at the first rounds after.
  *
  * One thread fills three pages of 1,008-byte blocks, writes every block and frees them all; a purge round
  * frees the empty pages but the first of the class to their segment, where their slots wait, committed, for
@@ -8,8 +9,16 @@
  * them resident (mincore), since a pause is not counted toward the delay (th_heap_t.paused_ms): a program
  * that wakes is about to reuse what it had. Rounds for more than two delays after it must give them back.
  * The same for a huge block freed before the pause, whose segment waits in the process-wide cache (its clock
- * in segment.c). */
+ * in segment.c).
+ *
+ * `test_purge_pause busy` spins for the three delays instead of sleeping: the thread ran through the gap
+ * between its rounds (heap_ran_through reads its CPU time), as a program busy on its own data or on its fast
+ * paths alone does, so the gap counts whole on the process clock and the first rounds after it unmap the
+ * huge block's cached segment. The slot is the heap's own, on its own clock, which still counts the gap as
+ * a pause: it stays. Before, any gap between rounds counted as a pause for the cache too, and a busy program
+ * kept its cached segments for as long as it stayed off the slow paths, then for the delay again. */
 #define _GNU_SOURCE
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +33,14 @@
 
 enum { BLOCKS = 3 * 64, SLOT = 65536, BIG = 2 << 20 };
 
-int main(void) {
+/* The thread runs, on no allocator path, for the given time. */
+static void spin(double seconds) {
+  for (double end = now_s() + seconds; now_s() < end;) {
+  }
+}
+
+int main(int argc, char **argv) {
+  bool busy = argc > 1 && strcmp(argv[1], "busy") == 0;
   const char *delay_env = getenv("THREADHEAP_PURGE_DELAY");
   double delay = delay_env ? atof(delay_env) / 1000 : 0;
   if (!CHECK(delay >= 0.3)) return check_summary(); /* CTest's 600 ms: the timings below need room */
@@ -50,6 +66,17 @@ int main(void) {
   CHECK(before >= 12);                      /* its 64 written blocks */
   CHECK(big_before == BIG / sysconf(_SC_PAGESIZE)); /* the whole block */
 
+  if (busy) {
+    spin(3 * delay);
+    run_rounds(delay / 12); /* the rounds just after it: the slot and the segment have waited three delays */
+    long slot_after = resident_pages(slot, SLOT), big_after = resident_pages(big_at, BIG);
+    CHECK(slot_after == before); /* the heap's own: its clock took the gap for a pause */
+    CHECK(big_after <= 0);       /* purged or unmapped */
+    printf("resident pages of the slot: %ld before %.1f s of running, %ld after it; of the huge block: %ld, %ld\n",
+           before, 3 * delay, slot_after, big_before, big_after);
+    th_free(a[0]);
+    return check_summary();
+  }
   usleep((useconds_t)(3 * delay * 1e6));
   run_rounds(delay / 12); /* the rounds just after the pause */
   long woken = resident_pages(slot, SLOT), big_woken = resident_pages(big_at, BIG);
