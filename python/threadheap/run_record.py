@@ -9,6 +9,7 @@ involuntary context switches per second, summed over the program's threads. matp
 imported only here, when drawing.
 """
 
+import bisect
 import os
 import shlex
 from pathlib import Path
@@ -62,6 +63,11 @@ def rates(samples, field):
     return edges, values
 
 
+def publications(samples):
+    """The samples that read a publication of the live export (with its time)."""
+    return [s for s in samples if s.parts is not None and s.published is not None]
+
+
 def attribution_series(samples):
     """(times, stacks, rest): threadheap's attribution at each of its publications, for a stack plot.
 
@@ -74,7 +80,7 @@ def attribution_series(samples):
     what the library held since is not known."""
     times, stacks, rest = [], [[] for _ in ATTRIBUTION], []
     seen = None
-    published = [s for s in samples if s.parts is not None and s.published is not None]
+    published = publications(samples)
     first = min((s.published for s in published), default=None)
     for s in samples:
         if first is not None and s.t >= first:
@@ -98,27 +104,27 @@ def export_gap_note(samples):
     """A line for the RSS panel when the last publication is older than two sampling intervals at the last
     sample (the program made no slow-path call since, or stopped publishing): why the stack ends early. None
     otherwise, or without an export."""
-    published = [s.published for s in samples if s.parts is not None and s.published is not None]
+    published = publications(samples)
     if not published or len(samples) < 2:
         return None
     steps = sorted(b.t - a.t for a, b in zip(samples, samples[1:]))
-    last = max(published)
+    last = max(s.published for s in published)
     if samples[-1].t - last <= 2 * steps[len(steps) // 2]:
         return None
     return f"no publication after {last:.2f} s (threadheap publishes on its slow paths): /proc's RSS alone after it"
 
 
 def rss_at(samples, t):
-    """/proc's RSS at time t, interpolated linearly between the samples around it (the nearest outside)."""
-    before = [s for s in samples if s.t <= t]
-    after = [s for s in samples if s.t >= t]
-    if not before:
-        return after[0].rss
-    if not after:
-        return before[-1].rss
-    a, b = before[-1], after[0]
-    if b.t == a.t:
-        return a.rss
+    """/proc's RSS at time t, interpolated linearly between the samples around it (the nearest outside).
+    samples in time order, as the Sampler keeps them: a binary search, so that an hour's recording with a
+    publication per sample does not take a pass over every sample per publication."""
+    i = bisect.bisect_left(samples, t, key=lambda s: s.t)  # samples[i] is the first at or after t
+    if i == len(samples):
+        return samples[-1].rss
+    b = samples[i]
+    if i == 0 or b.t == t:
+        return b.rss
+    a = samples[i - 1]
     return a.rss + (b.rss - a.rss) * (t - a.t) / (b.t - a.t)
 
 
@@ -138,7 +144,7 @@ def draw(path, samples, command, status, wall):
     fig.suptitle(f"{title}\n{how_it_ended(status)} after {wall:.2f} s; {machine_line()}", fontsize=10)
     t = [s.t for s in samples]
 
-    if any(s.parts is not None and s.published is not None for s in samples):
+    if publications(samples):
         times, stacks, rest = attribution_series(samples)
         labels = [ATTRIBUTION_LABELS[k] for k in ATTRIBUTION] + ["rest of RSS (code, libraries, stacks, "
                                                                  "not threadheap's)"]
