@@ -227,20 +227,25 @@ static void heap_purge_slots(th_heap_t *heap, uint64_t upto) {
   while (heap->purge.first && heap->purge.first->free_since_ms <= upto) slot_purge(heap, heap->purge.first);
 }
 
-/* Did the heap's thread run through the pause in progress (heap_pause_pending), its CPU time since the last
- * round a quarter of the gap or more? Then the process was busy, on fast paths that reach no round (a program
- * that fills and reads its own caches), and the gap is no pause on the process clock: segments cached before
- * it waited that long, and go now (process_clock_round). The heap's own clock still takes the gap for a
- * pause: its free slots and pages are the thread's, reused as it allocates again. Thread heaps only: an
- * explicit heap's rounds run on whichever thread uses it, whose CPU time says nothing of the gap. One
- * clock_gettime a round, from a heap's second round on (the first has no gap before it: a thread that lives
- * for one round, as programs that start thousands of short threads have, makes no system call for this). */
+/* Did the heap's thread run through the pause in progress (heap_pause_pending): it never blocked since the
+ * last round (no voluntary context switch: busy, if on a machine with more runnable threads than cores),
+ * or its CPU time was a quarter of the gap or more? Then the process was busy, on fast paths that reach no
+ * round (a program that fills and reads its own caches), and the gap is no pause on the process clock:
+ * segments cached before it waited that long, and go now (process_clock_round). The heap's own clock still
+ * takes the gap for a pause: its free slots and pages are the thread's, reused as it allocates again.
+ * Thread heaps only: an explicit heap's rounds run on whichever thread uses it, whose usage says nothing
+ * of the gap. One getrusage a round, from a heap's second round on (the first has no gap before it: a
+ * thread that lives for one round, as programs that start thousands of short threads have, makes no system
+ * call for this). */
 static bool heap_ran_through(th_heap_t *heap, uint64_t pause, uint64_t round) {
   if (heap_is_explicit(heap) || heap->next_purge_ms == 0) return false;
-  uint64_t cpu = os_thread_cpu_ms(), last = heap->round_cpu_ms;
+  uint64_t cpu, blocked, last = heap->round_cpu_ms, last_blocked = heap->round_blocked;
+  if (!os_thread_usage(&cpu, &blocked)) return false;
   heap->round_cpu_ms = cpu;
+  heap->round_blocked = blocked;
   /* last == 0: the first round did not read it, and the gap since is taken for a pause, as before. */
-  return pause != 0 && last != 0 && cpu >= last && (cpu - last) * 4 >= pause + round; /* pause + round: the gap */
+  if (pause == 0 || last == 0 || cpu < last) return false;
+  return blocked == last_blocked || (cpu - last) * 4 >= pause + round; /* pause + round: the gap */
 }
 
 /* Return memory unused for the purge delay (everything with force): free page slots are purged, kept empty

@@ -64,8 +64,9 @@ void os_yield(void);
 bool os_mutex_lock_timed(pthread_mutex_t *m, unsigned ms);
 
 uint64_t os_now_ms(void);
-/* The calling thread's CPU time in ms (CLOCK_THREAD_CPUTIME_ID; 0 if the kernel will not say). */
-uint64_t os_thread_cpu_ms(void);
+/* The calling thread's CPU time in ms and how many times it blocked (voluntary context switches), from
+ * getrusage(RUSAGE_THREAD); false if the kernel will not say. */
+bool os_thread_usage(uint64_t *cpu_ms, uint64_t *blocked);
 uint64_t os_random(void);
 /* The environment variable, or NULL; NULL as well in setuid/setgid programs (AT_SECURE). Before libc has
  * set environ, read from /proc/self/environ (THREADHEAP_ variables only). */

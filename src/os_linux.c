@@ -194,10 +194,13 @@ uint64_t os_now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-uint64_t os_thread_cpu_ms(void) {
-  struct timespec ts;
-  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+bool os_thread_usage(uint64_t *cpu_ms, uint64_t *blocked) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_THREAD, &ru) != 0) return false;
+  *cpu_ms = (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000u +
+            (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000u;
+  *blocked = (uint64_t)ru.ru_nvcsw;
+  return true;
 }
 
 uint64_t os_random(void) {

@@ -12,7 +12,7 @@
  * in segment.c).
  *
  * `test_purge_pause busy` spins for the three delays instead of sleeping: the thread ran through the gap
- * between its rounds (heap_ran_through reads its CPU time), as a program busy on its own data or on its fast
+ * between its rounds (heap_ran_through reads its usage: it never blocked), as a program busy on its own data or on its fast
  * paths alone does, so the gap counts whole on the process clock and the first rounds after it unmap the
  * huge block's cached segment. The slot is the heap's own, on its own clock, which still counts the gap as
  * a pause: it stays. Before, any gap between rounds counted as a pause for the cache too, and a busy program
