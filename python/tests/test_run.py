@@ -415,6 +415,9 @@ def test_peak_read_at_its_publication_names_no_second_time():
     lines = run_stats.memory_section(counters(in_use=MIB), sampler, "100")
     assert "at peak (0.50 s)" in lines[1]
     assert any(line.split()[:3] == ["process", "RSS", "(/proc)"] and line.split()[3] == "-" for line in lines)
+    # The rest of RSS beside threadheap's 5 MiB: 135 MiB anonymous (the program's own), 10 MiB file-backed.
+    assert "    anonymous, not threadheap's            -             135.0 MiB" in lines
+    assert "    file-backed and shared                 -              10.0 MiB" in lines
 
 
 def test_rates_per_interval():
@@ -426,27 +429,37 @@ def test_rates_per_interval():
 
 def test_attribution_is_drawn_at_each_publication():
     """A publication is drawn once, when the library wrote it, with /proc's RSS of that moment (interpolated)
-    around it; samples before the first publication attribute nothing."""
+    around it; samples before the first publication attribute nothing. The rest is split: anonymous memory
+    threadheap does not hold (the program's own), and file-backed memory."""
     S = run_stats.Sample
 
     def parts(mib):
         return {k: mib * MIB for k in run_stats.ATTRIBUTION}
 
     n = len(run_stats.ATTRIBUTION)
-    samples = [S(0.1, 10 * MIB, 0, 0, 0, 0, 0),
-               S(0.2, 20 * MIB, 0, 0, 0, 0, 0, parts=parts(1), published=0.15),
-               S(0.3, 30 * MIB, 0, 0, 0, 0, 0, parts=parts(1), published=0.15),  # read again
-               S(0.5, 50 * MIB, 0, 0, 0, 0, 0, parts=parts(2), published=0.45),
-               S(0.7, 70 * MIB, 0, 0, 0, 0, 0, parts=parts(2), published=0.45)]
-    times, stacks, rest = run_record.attribution_series(samples)
+    samples = [S(0.1, 10 * MIB, 6 * MIB, 0, 0, 0, 0),
+               S(0.2, 20 * MIB, 16 * MIB, 0, 0, 0, 0, parts=parts(1), published=0.15),
+               S(0.3, 30 * MIB, 26 * MIB, 0, 0, 0, 0, parts=parts(1), published=0.15),  # read again
+               S(0.5, 50 * MIB, 40 * MIB, 0, 0, 0, 0, parts=parts(2), published=0.45),
+               S(0.7, 70 * MIB, 60 * MIB, 0, 0, 0, 0, parts=parts(2), published=0.45)]
+    times, stacks, anon, files = run_record.attribution_series(samples)
     assert times == [0.1, 0.15, 0.45]
     assert [stack for stack in stacks] == [[0, MIB, 2 * MIB]] * n
-    assert rest == [10 * MIB, pytest.approx((15 - n) * MIB), pytest.approx((45 - 2 * n) * MIB)]
+    # At 0.15 s: RSS 15 MiB, RssAnon 11 MiB, threadheap n MiB; at 0.45 s: 45, 36.5 and 2n.
+    assert anon == [6 * MIB, pytest.approx((11 - n) * MIB), pytest.approx((36.5 - 2 * n) * MIB)]
+    assert files == [4 * MIB, pytest.approx(4 * MIB), pytest.approx(8.5 * MIB)]
+    for i, t in enumerate(times):  # the stack adds up to /proc's RSS
+        rss = run_record.rss_at(samples, t)
+        assert sum(stack[i] for stack in stacks) + anon[i] + files[i] == pytest.approx(rss)
     # A publication that holds more than /proc's RSS around it leaves no negative rest; one written before the
-    # first sample takes that sample's RSS.
-    samples = [S(0.2, 3 * MIB, 0, 0, 0, 0, 0, parts=parts(1), published=0.05)]
-    assert run_record.attribution_series(samples) == ([0.05], [[MIB]] * n, [0])
+    # first sample takes that sample's RSS. One that holds more than the anonymous RSS (read at another
+    # moment) leaves no anonymous rest, and the file-backed part as /proc says.
+    samples = [S(0.2, 3 * MIB, 2 * MIB, 0, 0, 0, 0, parts=parts(1), published=0.05)]
+    assert run_record.attribution_series(samples) == ([0.05], [[MIB]] * n, [0], [0])
     assert run_record.rss_at(samples, 0.05) == 3 * MIB and run_record.rss_at(samples, 0.9) == 3 * MIB
+    assert run_record.rss_at(samples, 0.9, "rss_anon") == 2 * MIB
+    samples = [S(0.2, 10 * MIB, 4 * MIB, 0, 0, 0, 0, parts=parts(1), published=0.2)]
+    assert run_record.attribution_series(samples) == ([0.2], [[MIB]] * n, [0], [pytest.approx((10 - n) * MIB)])
 
 
 def test_export_gap_is_noted_when_publications_stop():

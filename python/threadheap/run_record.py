@@ -1,8 +1,9 @@
 """`threadheap run --record FILE.png|FILE.svg`: the picture of a run, drawn at exit from the Sampler's samples.
 
 Three panels over the seconds since the program started: RSS, split by threadheap's attribution when the
-live export was there (in use, free in pages, empty pages, cached, metadata, and the rest of RSS: code,
-libraries, stacks, memory not from threadheap), each publication drawn at the time the library wrote it
+live export was there (in use, free in pages, empty pages, cached, metadata, and the rest of RSS in two: the
+anonymous memory that is not threadheap's, which is the program's own mappings and stacks, and the
+file-backed and shared part, its code and libraries), each publication drawn at the time the library wrote it
 (attribution_series), else by /proc/PID/status's anonymous and file-backed parts; the RSS line is /proc's,
 at each sample; minor page faults per second; voluntary and
 involuntary context switches per second, summed over the program's threads. matplotlib (Agg backend) is
@@ -20,7 +21,7 @@ FORMATS = (".png", ".svg")
 FIGSIZE = (11, 8.5)   # inches; at DPI, a 1100 x 850 PNG
 DPI = 100
 COLORS = {"in_use": "#1f77b4", "free_in_pages": "#ff7f0e", "empty_pages": "#ffbb78", "cached": "#2ca02c",
-          "metadata": "#9467bd", "other": "#c7c7c7", "anon": "#1f77b4", "file": "#aec7e8"}
+          "metadata": "#9467bd", "other": "#c7c7c7", "other_file": "#e8e8e8", "anon": "#1f77b4", "file": "#aec7e8"}
 
 
 def check_matplotlib():
@@ -69,16 +70,20 @@ def publications(samples):
 
 
 def attribution_series(samples):
-    """(times, stacks, rest): threadheap's attribution at each of its publications, for a stack plot.
+    """(times, stacks, rest_anon, rest_file): threadheap's attribution at each of its publications, for a
+    stack plot.
 
     The library publishes on its slow paths, at most once an interval, so a sample reads a publication written
     up to an interval before it, or longer when the program made no slow-path call meanwhile; drawn at the
     sample's time it would stand beside an RSS read later. Each publication is drawn once, at the time it was
     written (Sample.published); the samples before the first one add points with nothing attributed, their RSS
-    all "rest". stacks: a list per ATTRIBUTION name, in bytes; rest: RSS at that time (interpolated between
-    the samples on either side) less threadheap's total, never below 0. No point after the last publication:
-    what the library held since is not known."""
-    times, stacks, rest = [], [[] for _ in ATTRIBUTION], []
+    all rest. stacks: a list per ATTRIBUTION name, in bytes. The rest is RSS at that time (interpolated
+    between the samples on either side) less threadheap's total, in two parts: rest_anon, the anonymous RSS
+    (RssAnon) less threadheap's total, which is all anonymous: memory the program mapped itself (a
+    language runtime's object heap, thread stacks); rest_file, the file-backed and shared RSS (code, libraries,
+    shared memory). Neither below 0. No point after the last publication: what the library held since is not
+    known."""
+    times, stacks, rest_anon, rest_file = [], [[] for _ in ATTRIBUTION], [], []
     seen = None
     published = publications(samples)
     first = min((s.published for s in published), default=None)
@@ -88,7 +93,8 @@ def attribution_series(samples):
         times.append(s.t)
         for stack in stacks:
             stack.append(0)
-        rest.append(s.rss)
+        rest_anon.append(s.rss_anon)
+        rest_file.append(max(s.rss - s.rss_anon, 0))
     for s in sorted(published, key=lambda s: s.published):
         if s.published == seen:
             continue  # the same publication, read again by a later sample
@@ -96,8 +102,11 @@ def attribution_series(samples):
         times.append(s.published)
         for stack, k in zip(stacks, ATTRIBUTION):
             stack.append(s.parts[k])
-        rest.append(max(rss_at(samples, s.published) - s.held, 0))
-    return times, stacks, rest
+        rss = rss_at(samples, s.published)
+        anon = min(rss_at(samples, s.published, "rss_anon"), rss)
+        rest_anon.append(max(anon - s.held, 0))
+        rest_file.append(max(rss - max(anon, s.held), 0))
+    return times, stacks, rest_anon, rest_file
 
 
 def export_gap_note(samples):
@@ -114,18 +123,20 @@ def export_gap_note(samples):
     return f"no publication after {last:.2f} s (threadheap publishes on its slow paths): /proc's RSS alone after it"
 
 
-def rss_at(samples, t):
-    """/proc's RSS at time t, interpolated linearly between the samples around it (the nearest outside).
+def rss_at(samples, t, field="rss"):
+    """/proc's RSS at time t (or another of the samples' fields: rss_anon), interpolated linearly between the
+    samples around it (the nearest outside).
     samples in time order, as the Sampler keeps them: a binary search, so that an hour's recording with a
     publication per sample does not take a pass over every sample per publication."""
     i = bisect.bisect_left(samples, t, key=lambda s: s.t)  # samples[i] is the first at or after t
     if i == len(samples):
-        return samples[-1].rss
+        return getattr(samples[-1], field)
     b = samples[i]
     if i == 0 or b.t == t:
-        return b.rss
+        return getattr(b, field)
     a = samples[i - 1]
-    return a.rss + (b.rss - a.rss) * (t - a.t) / (b.t - a.t)
+    va, vb = getattr(a, field), getattr(b, field)
+    return va + (vb - va) * (t - a.t) / (b.t - a.t)
 
 
 def draw(path, samples, command, status, wall):
@@ -145,11 +156,13 @@ def draw(path, samples, command, status, wall):
     t = [s.t for s in samples]
 
     if publications(samples):
-        times, stacks, rest = attribution_series(samples)
-        labels = [ATTRIBUTION_LABELS[k] for k in ATTRIBUTION] + ["rest of RSS (code, libraries, stacks, "
-                                                                 "not threadheap's)"]
-        ax_mem.stackplot(times, *[[v / MIB for v in stack] for stack in stacks], [v / MIB for v in rest],
-                         labels=labels, colors=[COLORS[k] for k in ATTRIBUTION] + [COLORS["other"]], alpha=0.9)
+        times, stacks, rest_anon, rest_file = attribution_series(samples)
+        labels = [ATTRIBUTION_LABELS[k] for k in ATTRIBUTION] + [
+            "rest of RSS, anonymous: not threadheap's\n(the program's own mappings, stacks)",
+            "rest of RSS, file-backed and shared\n(code, libraries)"]
+        ax_mem.stackplot(times, *[[v / MIB for v in stack] for stack in stacks + [rest_anon, rest_file]],
+                         labels=labels, alpha=0.9,
+                         colors=[COLORS[k] for k in ATTRIBUTION] + [COLORS["other"], COLORS["other_file"]])
         title = "RSS by threadheap's attribution (live export), each publication at the time it was written"
         note = export_gap_note(samples)
         ax_mem.set_title(title + (f"\n{note}" if note else ""), fontsize=9)
