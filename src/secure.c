@@ -37,6 +37,10 @@
  * index wraps with a mask. */
 #define DELAY 16
 #define DELAY_LARGE 4
+/* A ring has DELAY slots and a medium or large class's uses DELAY_LARGE of them (a build with DELAY 2 wrote
+ * past its ring and crashed at once). */
+_Static_assert(DELAY_LARGE <= DELAY && (DELAY & (DELAY - 1)) == 0 && (DELAY_LARGE & (DELAY_LARGE - 1)) == 0,
+               "each ring's slots hold its class's delay, a power of two");
 
 /* ---- keys and random numbers */
 
