@@ -941,3 +941,18 @@ def test_live_view_under_tmux(tmp_path, prog_top):
             assert err_file.read_text() == ""
         finally:
             tmux(sock, "kill-server")
+
+
+def test_bar_splits_the_rest_of_rss():
+    """The bar's rest of RSS in two: anonymous memory that is not threadheap's, and file-backed memory; the
+    parts add up to the RSS, and neither is negative when threadheap holds more than RssAnon said."""
+    from threadheap import top_view
+    th = {k: 0 for k, *_ in top_view.BAR_PARTS if k.endswith("_bytes")}
+    th.update(in_use_bytes=40 * MIB, free_in_pages_bytes=10 * MIB, purged_bytes=8 * MIB)
+    r = {"rss_bytes": 100 * MIB, "rss_anon_bytes": 90 * MIB, "threadheap": th}
+    parts = {label: value for label, value, _, _ in top_view.bar_parts(r)}
+    assert parts["rest of RSS: anonymous, not threadheap's"] == 40 * MIB and parts["file-backed"] == 10 * MIB
+    assert sum(parts.values()) - parts["purged (not resident)"] == 100 * MIB
+    r["rss_anon_bytes"] = 30 * MIB  # read at another moment than the publication
+    parts = {label: value for label, value, _, _ in top_view.bar_parts(r)}
+    assert parts["rest of RSS: anonymous, not threadheap's"] == 0 and parts["file-backed"] == 50 * MIB

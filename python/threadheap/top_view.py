@@ -19,15 +19,18 @@ MIN_WIDTH, MIN_HEIGHT = 60, 8
 BAR_WIDTH = 50
 PAIRS_SHOWN = 5
 
-# The RSS attribution bar: record key, legend label, plain-text character, rich colour. "rest" is the RSS
-# the export does not account for (stacks, code, other mappings); purged memory is mapped but not resident,
-# so it is drawn after the resident parts.
+# The RSS attribution bar: record key, legend label, plain-text character, rich colour. The rest of the RSS,
+# which the export does not account for, in two: the anonymous part (RssAnon less threadheap's resident total,
+# all of it anonymous: memory the program mapped itself, a runtime's own heap, thread stacks) and the
+# file-backed and shared part (code, libraries). Purged memory is mapped but not resident, so it is drawn
+# after the resident parts.
 BAR_PARTS = (("in_use_bytes", "in use", "#", "green"),
              ("free_in_pages_bytes", "free in pages", "=", "yellow"),
              ("empty_pages_bytes", "empty pages", "-", "dark_orange"),
              ("cached_bytes", "cached", "c", "cyan"),
              ("metadata_bytes", "metadata", "m", "magenta"),
-             ("rest", "rest of RSS", ".", "grey50"),
+             ("rest_anon", "rest of RSS: anonymous, not threadheap's", ".", "grey50"),
+             ("rest_file", "file-backed", ",", "grey70"),
              ("purged_bytes", "purged (not resident)", "~", "blue"))
 
 # Most telling first: a narrow terminal crops the table from the right (major faults and LazyFree last).
@@ -100,9 +103,12 @@ def bar_parts(r):
     """[(label, bytes, char, colour)] of the RSS attribution bar, the parts the export has."""
     th = r["threadheap"]
     resident = sum(th[k] or 0 for k, *_ in BAR_PARTS[:5])
+    rss = r["rss_bytes"]
+    anon = rss if r.get("rss_anon_bytes") is None else min(r["rss_anon_bytes"], rss)
+    rest = {"rest_anon": max(anon - resident, 0), "rest_file": max(rss - max(anon, resident), 0)}
     parts = []
     for key, label, char, colour in BAR_PARTS:
-        value = max(r["rss_bytes"] - resident, 0) if key == "rest" else th[key]
+        value = rest[key] if key in rest else th[key]
         if value is not None:
             parts.append((label, value, char, colour))
     return parts
