@@ -462,6 +462,29 @@ def test_attribution_is_drawn_at_each_publication():
     assert run_record.attribution_series(samples) == ([0.2], [[MIB]] * n, [0], [pytest.approx((10 - n) * MIB)])
 
 
+def test_rest_is_one_part_without_rss_anon(tmp_path):
+    """A kernel without RssAnon (before 4.5) reads 0 for it: the rest stays whole instead of being called
+    file-backed, in the attribution's stack and in the plain RSS picture."""
+    S = run_stats.Sample
+    parts = {k: MIB for k in run_stats.ATTRIBUTION}
+    n = len(run_stats.ATTRIBUTION)
+    samples = [S(0.1, 10 * MIB, 0, 0, 0, 0, 0), S(0.2, 20 * MIB, 0, 0, 0, 0, 0, parts=parts, published=0.2)]
+    times, stacks, anon, files = run_record.attribution_series(samples)
+    [(label, values, _)] = run_record.rest_parts(samples, anon, files)
+    assert "no RssAnon" in label and values == [10 * MIB, (20 - n) * MIB]
+    samples[1].rss_anon = 15 * MIB
+    assert len(run_record.rest_parts(samples, *run_record.attribution_series(samples)[2:])) == 2
+    matplotlib = pytest.importorskip("matplotlib")
+    for i, samples in enumerate(([S(0.1, 10 * MIB, 0, 0, 0, 0, 0), S(0.2, 20 * MIB, 0, 0, 0, 0, 0)],
+                                 [S(0.1, 10 * MIB, 0, 0, 0, 0, 0),
+                                  S(0.2, 20 * MIB, 0, 0, 0, 0, 0, parts=parts, published=0.2)])):
+        out = tmp_path / f"old-kernel-{i}.svg"
+        with matplotlib.rc_context({"svg.fonttype": "none"}):  # the legend as text, not glyph paths
+            run_record.draw(out, samples, ["prog"], 0, 0.2)
+        text = out.read_text()
+        assert "no RssAnon" in text and "file-backed" not in text
+
+
 def test_export_gap_is_noted_when_publications_stop():
     S = run_stats.Sample
     parts = {k: MIB for k in run_stats.ATTRIBUTION}

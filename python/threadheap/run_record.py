@@ -109,6 +109,18 @@ def attribution_series(samples):
     return times, stacks, rest_anon, rest_file
 
 
+def rest_parts(samples, rest_anon, rest_file):
+    """[(label, values, colour)] of the rest of RSS for the stack plot: the anonymous and file-backed parts,
+    or one part when no sample read RssAnon (Linux before 4.5 has none), which would have called all of it
+    file-backed."""
+    if any(s.rss_anon for s in samples):
+        return [("rest of RSS, anonymous: not threadheap's\n(the program's own mappings, stacks)", rest_anon,
+                 COLORS["other"]),
+                ("rest of RSS, file-backed and shared\n(code, libraries)", rest_file, COLORS["other_file"])]
+    return [("rest of RSS (not threadheap's; no RssAnon\nto split it)", [a + f for a, f in zip(rest_anon, rest_file)],
+             COLORS["other"])]
+
+
 def export_gap_note(samples):
     """A line for the RSS panel when the last publication is older than two sampling intervals at the last
     sample (the program made no slow-path call since, or stopped publishing): why the stack ends early. None
@@ -157,15 +169,18 @@ def draw(path, samples, command, status, wall):
 
     if publications(samples):
         times, stacks, rest_anon, rest_file = attribution_series(samples)
-        labels = [ATTRIBUTION_LABELS[k] for k in ATTRIBUTION] + [
-            "rest of RSS, anonymous: not threadheap's\n(the program's own mappings, stacks)",
-            "rest of RSS, file-backed and shared\n(code, libraries)"]
-        ax_mem.stackplot(times, *[[v / MIB for v in stack] for stack in stacks + [rest_anon, rest_file]],
+        rest = rest_parts(samples, rest_anon, rest_file)
+        labels = [ATTRIBUTION_LABELS[k] for k in ATTRIBUTION] + [label for label, _, _ in rest]
+        ax_mem.stackplot(times, *[[v / MIB for v in stack] for stack in stacks + [part for _, part, _ in rest]],
                          labels=labels, alpha=0.9,
-                         colors=[COLORS[k] for k in ATTRIBUTION] + [COLORS["other"], COLORS["other_file"]])
+                         colors=[COLORS[k] for k in ATTRIBUTION] + [colour for _, _, colour in rest])
         title = "RSS by threadheap's attribution (live export), each publication at the time it was written"
         note = export_gap_note(samples)
         ax_mem.set_title(title + (f"\n{note}" if note else ""), fontsize=9)
+    elif not any(s.rss_anon for s in samples):  # no RssAnon (Linux before 4.5): the RSS whole
+        ax_mem.stackplot(t, [s.rss / MIB for s in samples], labels=["RSS (no RssAnon to split it)"],
+                         colors=[COLORS["file"]], alpha=0.9)
+        ax_mem.set_title("RSS (/proc/PID/status; no live export from threadheap)", fontsize=9)
     else:
         anon = [s.rss_anon / MIB for s in samples]
         file_ = [max(s.rss - s.rss_anon, 0) / MIB for s in samples]
