@@ -956,3 +956,6 @@ def test_bar_splits_the_rest_of_rss():
     r["rss_anon_bytes"] = 30 * MIB  # read at another moment than the publication
     parts = {label: value for label, value, _, _ in top_view.bar_parts(r)}
     assert parts["rest of RSS: anonymous, not threadheap's"] == 0 and parts["file-backed"] == 50 * MIB
+    r["rss_anon_bytes"] = 0  # a kernel without RssAnon: the rest in one part
+    parts = {label: value for label, value, _, _ in top_view.bar_parts(r)}
+    assert parts["rest of RSS"] == 50 * MIB and "file-backed" not in parts

@@ -22,8 +22,8 @@ PAIRS_SHOWN = 5
 # The RSS attribution bar: record key, legend label, plain-text character, rich colour. The rest of the RSS,
 # which the export does not account for, in two: the anonymous part (RssAnon less threadheap's resident total,
 # all of it anonymous: memory the program mapped itself, a runtime's own heap, thread stacks) and the
-# file-backed and shared part (code, libraries). Purged memory is mapped but not resident, so it is drawn
-# after the resident parts.
+# file-backed and shared part (code, libraries); one part where RssAnon was not read. Purged memory is
+# mapped but not resident, so it is drawn after the resident parts.
 BAR_PARTS = (("in_use_bytes", "in use", "#", "green"),
              ("free_in_pages_bytes", "free in pages", "=", "yellow"),
              ("empty_pages_bytes", "empty pages", "-", "dark_orange"),
@@ -31,6 +31,7 @@ BAR_PARTS = (("in_use_bytes", "in use", "#", "green"),
              ("metadata_bytes", "metadata", "m", "magenta"),
              ("rest_anon", "rest of RSS: anonymous, not threadheap's", ".", "grey50"),
              ("rest_file", "file-backed", ",", "grey70"),
+             ("rest", "rest of RSS", ".", "grey50"),  # no RssAnon read (Linux before 4.5)
              ("purged_bytes", "purged (not resident)", "~", "blue"))
 
 # Most telling first: a narrow terminal crops the table from the right (major faults and LazyFree last).
@@ -104,8 +105,11 @@ def bar_parts(r):
     th = r["threadheap"]
     resident = sum(th[k] or 0 for k, *_ in BAR_PARTS[:5])
     rss = r["rss_bytes"]
-    anon = rss if r.get("rss_anon_bytes") is None else min(r["rss_anon_bytes"], rss)
-    rest = {"rest_anon": max(anon - resident, 0), "rest_file": max(rss - max(anon, resident), 0)}
+    if r.get("rss_anon_bytes"):
+        anon = min(r["rss_anon_bytes"], rss)
+        rest = {"rest_anon": max(anon - resident, 0), "rest_file": max(rss - max(anon, resident), 0), "rest": None}
+    else:  # no RssAnon read: splitting would call all of the rest file-backed
+        rest = {"rest_anon": None, "rest_file": None, "rest": max(rss - resident, 0)}
     parts = []
     for key, label, char, colour in BAR_PARTS:
         value = rest[key] if key in rest else th[key]
