@@ -261,6 +261,16 @@ def threadheap_loaded(pid, proc="/proc"):
         return None
 
 
+def rest_of_rss(rss, rss_anon, held):
+    """(anonymous, file-backed): the RSS that threadheap's resident total `held` does not cover, in two parts
+    that add up to it. threadheap's memory is all anonymous, so the anonymous part is RssAnon less `held`: what
+    the program mapped itself (a runtime's own heap, thread stacks); the file-backed and shared part is the
+    rest (code, libraries). Neither below 0: RssAnon and the publication of `held` are read at different
+    moments. A kernel without RssAnon (before Linux 4.5) reads 0 for it, and callers then keep the sum whole."""
+    anon = min(rss_anon or 0, rss)
+    return max(anon - held, 0), max(rss - max(anon, held), 0)
+
+
 def read_vmstat(proc="/proc"):
     """{counter: value} of /proc/vmstat."""
     out = {}

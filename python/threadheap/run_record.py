@@ -15,6 +15,7 @@ import os
 import shlex
 from pathlib import Path
 
+from .procstat import rest_of_rss
 from .run_stats import ATTRIBUTION, ATTRIBUTION_LABELS, MIB, how_it_ended
 
 FORMATS = (".png", ".svg")
@@ -93,8 +94,9 @@ def attribution_series(samples):
         times.append(s.t)
         for stack in stacks:
             stack.append(0)
-        rest_anon.append(s.rss_anon)
-        rest_file.append(max(s.rss - s.rss_anon, 0))
+        anon, file_ = rest_of_rss(s.rss, s.rss_anon, 0)
+        rest_anon.append(anon)
+        rest_file.append(file_)
     for s in sorted(published, key=lambda s: s.published):
         if s.published == seen:
             continue  # the same publication, read again by a later sample
@@ -102,10 +104,9 @@ def attribution_series(samples):
         times.append(s.published)
         for stack, k in zip(stacks, ATTRIBUTION):
             stack.append(s.parts[k])
-        rss = rss_at(samples, s.published)
-        anon = min(rss_at(samples, s.published, "rss_anon"), rss)
-        rest_anon.append(max(anon - s.held, 0))
-        rest_file.append(max(rss - max(anon, s.held), 0))
+        anon, file_ = rest_of_rss(rss_at(samples, s.published), rss_at(samples, s.published, "rss_anon"), s.held)
+        rest_anon.append(anon)
+        rest_file.append(file_)
     return times, stacks, rest_anon, rest_file
 
 
@@ -182,8 +183,9 @@ def draw(path, samples, command, status, wall):
                          colors=[COLORS["file"]], alpha=0.9)
         ax_mem.set_title("RSS (/proc/PID/status; no live export from threadheap)", fontsize=9)
     else:
-        anon = [s.rss_anon / MIB for s in samples]
-        file_ = [max(s.rss - s.rss_anon, 0) / MIB for s in samples]
+        parts = [rest_of_rss(s.rss, s.rss_anon, 0) for s in samples]
+        anon = [a / MIB for a, _ in parts]
+        file_ = [f / MIB for _, f in parts]
         ax_mem.stackplot(t, anon, file_, labels=["anonymous", "file-backed and shared"],
                          colors=[COLORS["anon"], COLORS["file"]], alpha=0.9)
         ax_mem.set_title("RSS (/proc/PID/status; no live export from threadheap)", fontsize=9)

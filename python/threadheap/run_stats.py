@@ -471,10 +471,10 @@ def memory_section(counters, sampler, export_interval):
         published = peak.published if peak.published is not None else peak.t
         late = f"{peak.t:.2f}" != f"{published:.2f}"
         rows.append((f"process RSS (/proc) at {peak.t:.2f} s" if late else "process RSS (/proc)", None, peak.rss))
-        if peak.rss_anon:  # (RssAnon: Linux 4.5 and later) threadheap's resident bytes are all anonymous
-            anon = min(peak.rss_anon, peak.rss)
-            rows.append(("  anonymous, not threadheap's", None, max(anon - peak.held, 0)))
-            rows.append(("  file-backed and shared", None, peak.rss - anon))
+        if peak.rss_anon:  # RssAnon: Linux 4.5 and later
+            anon, file_ = procstat.rest_of_rss(peak.rss, peak.rss_anon, peak.held)
+            rows.append(("  anonymous, not threadheap's", None, anon))
+            rows.append(("  file-backed and shared", None, file_))
         head += f"{f'at peak ({published:.2f} s)':>22}"
     lines = ["memory (threadheap's attribution of its resident bytes)", head]
     for label, at_exit, at_peak in rows:

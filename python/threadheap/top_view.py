@@ -12,6 +12,7 @@ import time
 from datetime import datetime
 
 from . import top
+from .procstat import rest_of_rss
 from .top import PROG, human_bytes, percent_text, rate_text
 
 # The smallest terminal the live view draws in; below it, it says so instead.
@@ -104,12 +105,11 @@ def bar_parts(r):
     """[(label, bytes, char, colour)] of the RSS attribution bar, the parts the export has."""
     th = r["threadheap"]
     resident = sum(th[k] or 0 for k, *_ in BAR_PARTS[:5])
-    rss = r["rss_bytes"]
+    anon, file_ = rest_of_rss(r["rss_bytes"], r.get("rss_anon_bytes"), resident)
     if r.get("rss_anon_bytes"):
-        anon = min(r["rss_anon_bytes"], rss)
-        rest = {"rest_anon": max(anon - resident, 0), "rest_file": max(rss - max(anon, resident), 0), "rest": None}
+        rest = {"rest_anon": anon, "rest_file": file_, "rest": None}
     else:  # no RssAnon read: splitting would call all of the rest file-backed
-        rest = {"rest_anon": None, "rest_file": None, "rest": max(rss - resident, 0)}
+        rest = {"rest_anon": None, "rest_file": None, "rest": anon + file_}
     parts = []
     for key, label, char, colour in BAR_PARTS:
         value = rest[key] if key in rest else th[key]
