@@ -187,6 +187,12 @@ static void *huge_remap(th_segment_t *seg, void *p, size_t size, size_t guard) {
     }
     seg->size = need;
   }
+  if ((long)new_committed < committed_before) {
+    /* Shrunk: the pages past the block's new end go back to the OS, as far as the segment still reaches (a
+     * tail of whole regions was unmapped above). Left resident, they would count nowhere. */
+    size_t end = (size_t)committed_before < need ? (size_t)committed_before : need;
+    if (end > new_committed) os_purge((uint8_t *)seg + new_committed, end - new_committed);
+  }
   p = (uint8_t *)seg + offset;
   seg->pages[0].start = p;
   seg->huge_committed = new_committed;

@@ -30,6 +30,9 @@
 #define TH_SMALL_MAX ((size_t)4 << 10)  /* past it, blocks come from medium pages (see docs/design.md) */
 #define TH_MEDIUM_MAX ((size_t)64 << 10)
 #define TH_LARGE_MAX ((size_t)1 << 20) /* the largest block served from heap pages; above it: huge */
+/* A realloc that grows a block past this makes it huge, whatever its size: later growth is remapped in place
+ * instead of copied (alloc.c; glibc's default mmap threshold). */
+#define TH_REALLOC_HUGE_MIN ((size_t)128 << 10)
 #define TH_DIRECT_MAX 1024             /* malloc(n) for n <= this is a table lookup and a pop */
 #define TH_DIRECT_SLOTS (TH_DIRECT_MAX / 16 + 1)
 /* Past TH_DIRECT_MAX, every class size up to TH_MEDIUM_MAX is a multiple of 256, and every one past that a

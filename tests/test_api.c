@@ -8,7 +8,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "threadheap.h"
@@ -566,6 +568,60 @@ static void test_huge_realloc_no_copy(void) {
   th_free(r);
 }
 
+/* How many of the OS pages of [p, p + n) are resident (mincore). */
+static size_t resident_pages(const void *p, size_t n) {
+  size_t ps = (size_t)sysconf(_SC_PAGESIZE);
+  uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(ps - 1), hi = ((uintptr_t)p + n + ps - 1) & ~(uintptr_t)(ps - 1);
+  static unsigned char vec[4096];
+  size_t pages = (hi - lo) / ps, count = 0;
+  if (pages > sizeof vec || mincore((void *)lo, hi - lo, vec) != 0) return (size_t)-1;
+  for (size_t i = 0; i < pages; i++) count += vec[i] & 1;
+  return count;
+}
+
+/* A block that realloc grows past 128 KiB becomes a block of its own segment and grows where it is from
+ * then on: 4 KiB at a time up to 3 MiB, its bytes kept, at one address. Shrunk back to 200 KiB, it stays
+ * there and the pages past its new end go back to the OS. Secure mode keeps blocks in their classes. */
+static void test_realloc_grows_in_place(void) {
+  if (g_secure) return;
+  unsigned char *p = th_realloc(NULL, 100 * KiB);
+  if (!CHECK(p != NULL)) return;
+  check_fill(p, 100 * KiB, 9);
+  size_t have = 132 * KiB;
+  unsigned char *huge = th_realloc(p, have);
+  if (!CHECK(huge != NULL)) {
+    th_free(p);
+    return;
+  }
+  p = huge;
+  CHECK(check_verify(p, 100 * KiB, 9) == 100 * KiB);
+  check_fill(p, have, 9);
+  size_t moves = 0, bad = 0;
+  for (size_t n = have + 4 * KiB; n <= 3 * MiB; n += 4 * KiB) {
+    unsigned char *q = th_realloc(p, n);
+    if (!CHECK_MSG(q != NULL, "grow to %zu", n)) break;
+    moves += q != p;
+    p = q;
+    for (size_t i = have; i < n; i++) p[i] = check_pattern_byte(i, 9);
+    have = n;
+  }
+  bad = check_verify(p, have, 9);
+  CHECK_MSG(bad == have, "grown to %zu: byte %zu differs", have, bad);
+  CHECK_MSG(moves == 0, "growing 132 KiB -> 3 MiB by 4 KiB moved the block %zu times", moves);
+  unsigned char *q = th_realloc(p, 200 * KiB);
+  if (!CHECK(q != NULL)) {
+    th_free(p);
+    return;
+  }
+  CHECK_MSG(q == p, "a shrink to 200 KiB moved the block");
+  CHECK(check_verify(q, 200 * KiB, 9) == 200 * KiB);
+  CHECK(th_usable_size(q) >= 200 * KiB && th_usable_size(q) < 200 * KiB + 4096);
+  size_t tail = resident_pages(q + 204 * KiB, have - 204 * KiB);
+  printf("realloc 3 MiB -> 200 KiB: %zu pages past the new end still resident\n", tail);
+  CHECK_MSG(tail == 0, "%zu pages past the shrunk block's end still resident", tail);
+  th_free(q);
+}
+
 int main(void) {
   const char *secure = getenv("THREADHEAP_SECURE");
   g_secure = secure != NULL && secure[0] >= '1' && secure[0] <= '2';
@@ -582,6 +638,7 @@ int main(void) {
   test_free_null_and_errno();
   test_free_is_lifo();
   test_huge_realloc_no_copy();
+  test_realloc_grows_in_place();
   /* Last: a wrong alignment answer may end the process, and the other results are already in. */
   test_aligned_tiny();
   test_alignments();
