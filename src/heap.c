@@ -241,6 +241,7 @@ static bool heap_ran_through(th_heap_t *heap, uint64_t pause, uint64_t round) {
   if (heap_is_explicit(heap) || heap->next_purge_ms == 0) return false;
   uint64_t cpu, blocked, last = heap->round_cpu_ms, last_blocked = heap->round_blocked;
   if (!os_thread_usage(&cpu, &blocked)) return false;
+  cpu++; /* kept plus one: 0 says "not read", also for a thread that has used under 1 ms so far */
   heap->round_cpu_ms = cpu;
   heap->round_blocked = blocked;
   /* last == 0: the first round did not read it, and the gap since is taken for a pause, as before. */

@@ -326,8 +326,9 @@ struct th_heap_s {
    * ages of the heap's free slots and idle pages are on it, so memory is not given back at the first round
    * after a pause for having waited through it: the program just woke and is about to reuse it. */
   uint64_t paused_ms;
-  /* A thread heap's: its thread's CPU time and count of blocking waits at its last purge round, which tell the
-   * process clock a gap the thread ran through from one it slept through (heap_ran_through). */
+  /* A thread heap's: its thread's CPU time (in ms, plus one: 0 until first read) and count of blocking waits
+   * at its last purge round, which tell the process clock a gap the thread ran through from one it slept
+   * through (heap_ran_through). */
   uint64_t round_cpu_ms, round_blocked;
   th_heap_t *next_free;               /* link in the pool of unused heap structs */
   /* explicit heaps only */

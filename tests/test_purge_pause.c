@@ -16,14 +16,20 @@
  * paths alone does, so the gap counts whole on the process clock and the first rounds after it unmap the
  * huge block's cached segment. The slot is the heap's own, on its own clock, which still counts the gap as
  * a pause: it stays. Before, any gap between rounds counted as a pause for the cache too, and a busy program
- * kept its cached segments for as long as it stayed off the slow paths, then for the delay again. */
+ * kept its cached segments for as long as it stayed off the slow paths, then for the delay again.
+ *
+ * `test_purge_pause fresh` runs the same spin in a new thread whose first two rounds (th_collect) come before
+ * it has used 1 ms of CPU: its usage then reads 0 ms, which heap_ran_through once took for "not read yet",
+ * and counted the spin after it as a pause. */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,11 +45,43 @@ static void spin(double seconds) {
   }
 }
 
+static void *fresh_thread(void *arg) {
+  double delay = *(const double *)arg;
+  void *keep = th_malloc(16); /* the thread's heap, whose segment stays with it (else the cache would hold
+                                 it, and a new segment for the rounds below would take the huge block's) */
+  th_collect();                /* its first round: usage not read */
+  usleep(20000);
+  th_collect();                /* its second: usage read, under 1 ms of CPU */
+  struct rusage ru;
+  getrusage(RUSAGE_THREAD, &ru);
+  long cpu_us = (long)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000 + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec;
+  unsigned char *big = th_malloc(BIG);
+  if (!CHECK(big != NULL)) return NULL;
+  memset(big, 0x5a, BIG);
+  uintptr_t big_at = (uintptr_t)big & ~(uintptr_t)(sysconf(_SC_PAGESIZE) - 1);
+  th_free(big);
+  long big_before = resident_pages(big_at, BIG);
+  CHECK(big_before == BIG / sysconf(_SC_PAGESIZE));
+  spin(3 * delay);
+  run_rounds(delay / 12);
+  long big_after = resident_pages(big_at, BIG);
+  CHECK(big_after <= 0); /* purged or unmapped */
+  printf("a thread at %ld us of CPU at its second round: resident pages of the huge block %ld before %.1f s of "
+         "running, %ld after it\n", cpu_us, big_before, 3 * delay, big_after);
+  th_free(keep);
+  return NULL;
+}
+
 int main(int argc, char **argv) {
   bool busy = argc > 1 && strcmp(argv[1], "busy") == 0;
   const char *delay_env = getenv("THREADHEAP_PURGE_DELAY");
   double delay = delay_env ? atof(delay_env) / 1000 : 0;
   if (!CHECK(delay >= 0.3)) return check_summary(); /* CTest's 600 ms: the timings below need room */
+  if (argc > 1 && strcmp(argv[1], "fresh") == 0) {
+    pthread_t t;
+    if (CHECK(pthread_create(&t, NULL, fresh_thread, &delay) == 0)) pthread_join(t, NULL);
+    return check_summary();
+  }
 
   static unsigned char *a[BLOCKS];
   for (int i = 0; i < BLOCKS; i++) {
