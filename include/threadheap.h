@@ -120,8 +120,9 @@ typedef struct th_stats_s {
   size_t range_allocs[4], range_frees[4], range_alloc_bytes[4], range_free_bytes[4], range_fresh_bytes[4];
   /* Serialized explicit heaps: allocations that took a heap's lock, and those that had to wait for it. */
   size_t heap_lock_acquires, heap_lock_waits;
-  /* realloc of huge blocks with mremap: grown in place, moved by the kernel, and the bytes neither had to
-   * copy (the old block's size), total. */
+  /* realloc of huge blocks (and of blocks it grows past 128 KiB, which become huge): grown in place (within
+   * the block's segment, or by mremap), moved by the kernel (mremap), and the bytes neither had to copy (the
+   * old block's size), total. */
   size_t remaps_in_place, remaps_moved, remap_bytes_not_copied;
 } th_stats_t;
 

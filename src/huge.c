@@ -186,6 +186,9 @@ static void *huge_remap(th_segment_t *seg, void *p, size_t size, size_t guard) {
       stats_add(&th_stats_global.remap_bytes_not_copied, seg->huge_size);
     }
     seg->size = need;
+  } else if (size > seg->huge_size) { /* grown within its segment: nothing to map, nothing copied */
+    stats_count(&th_stats_global.remaps_in_place);
+    stats_add(&th_stats_global.remap_bytes_not_copied, seg->huge_size);
   }
   if ((long)new_committed < committed_before) {
     /* Shrunk: the pages past the block's new end go back to the OS, as far as the segment still reaches (a

@@ -586,11 +586,14 @@ static void test_realloc_grows_in_place(void) {
   p = huge;
   CHECK(check_verify(p, 100 * KiB, 9) == 100 * KiB);
   check_fill(p, have, 9);
-  size_t moves = 0, bad = 0;
+  size_t moves = 0, bad = 0, steps = 0, not_copied = 0;
+  th_stats_t s0, s1;
+  th_stats_get(&s0);
   for (size_t n = have + 4 * KiB; n <= 3 * MiB; n += 4 * KiB) {
     unsigned char *q = th_realloc(p, n);
     if (!CHECK_MSG(q != NULL, "grow to %zu", n)) break;
     moves += q != p;
+    steps++, not_copied += have;
     p = q;
     for (size_t i = have; i < n; i++) p[i] = check_pattern_byte(i, 9);
     have = n;
@@ -598,6 +601,12 @@ static void test_realloc_grows_in_place(void) {
   bad = check_verify(p, have, 9);
   CHECK_MSG(bad == have, "grown to %zu: byte %zu differs", have, bad);
   CHECK_MSG(moves == 0, "growing 132 KiB -> 3 MiB by 4 KiB moved the block %zu times", moves);
+  th_stats_get(&s1); /* each step counted as grown in place, its bytes as not copied */
+  CHECK_MSG(s1.remaps_in_place - s0.remaps_in_place == steps &&
+                s1.remap_bytes_not_copied - s0.remap_bytes_not_copied == not_copied,
+            "%zu steps: %zu counted in place, %zu of %zu bytes not copied", steps,
+            s1.remaps_in_place - s0.remaps_in_place, s1.remap_bytes_not_copied - s0.remap_bytes_not_copied,
+            not_copied);
   unsigned char *q = th_realloc(p, 200 * KiB);
   if (!CHECK(q != NULL)) {
     th_free(p);
