@@ -111,7 +111,7 @@ TH_API TH_MALLOC_ATTR void *calloc(size_t count, size_t size) __attribute__((ali
  * huge block, a segment of its own: from then on it grows in place (huge_realloc: within its segment the
  * pages are only counted, past it mremap moves them), where a block of a size class is copied to the next
  * class at each step, and each class keeps the block it left. A buffer grown by half each time from 4 KiB to
- * 2 MiB took 2.3 times less time so (docs/design.md, "Large blocks and purging"). NULL when it cannot be had
+ * 2 MiB took 2.7 times less time so (docs/design.md, "Large blocks and purging"). NULL when it cannot be had
  * (the OS refuses a segment): the caller takes a block of a class, as before, with errno as it was. */
 TH_NOINLINE static void *alloc_grown(size_t usable, size_t size) {
   if (size <= usable || size > TH_LARGE_MAX) return NULL;
