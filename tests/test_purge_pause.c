@@ -45,6 +45,17 @@ static void spin(double seconds) {
   }
 }
 
+/* A huge block, written and freed: its segment waits in the process-wide cache, resident, for the delay.
+ * Returns its first OS page (mincore takes OS pages), 0 when the malloc failed. */
+static uintptr_t huge_block_freed(void) {
+  unsigned char *big = th_malloc(BIG);
+  if (!CHECK(big != NULL)) return 0;
+  memset(big, 0x5a, BIG);
+  uintptr_t at = (uintptr_t)big & ~(uintptr_t)(sysconf(_SC_PAGESIZE) - 1);
+  th_free(big);
+  return at;
+}
+
 static void *fresh_thread(void *arg) {
   double delay = *(const double *)arg;
   void *keep = th_malloc(16); /* the thread's heap, whose segment stays with it (else the cache would hold
@@ -55,11 +66,8 @@ static void *fresh_thread(void *arg) {
   struct rusage ru;
   getrusage(RUSAGE_THREAD, &ru);
   long cpu_us = (long)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000 + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec;
-  unsigned char *big = th_malloc(BIG);
-  if (!CHECK(big != NULL)) return NULL;
-  memset(big, 0x5a, BIG);
-  uintptr_t big_at = (uintptr_t)big & ~(uintptr_t)(sysconf(_SC_PAGESIZE) - 1);
-  th_free(big);
+  uintptr_t big_at = huge_block_freed();
+  if (big_at == 0) return NULL;
   long big_before = resident_pages(big_at, BIG);
   CHECK(big_before == BIG / sysconf(_SC_PAGESIZE));
   spin(3 * delay);
@@ -93,12 +101,8 @@ int main(int argc, char **argv) {
   uintptr_t slot = (uintptr_t)a[100] & ~(uintptr_t)(SLOT - 1);
   /* a[0] stays: a segment left with no block goes to the process-wide cache, tested below with its own */
   for (int i = 1; i < BLOCKS; i++) th_free(a[i]);
-  /* A huge block, written and freed: its segment waits in the cache, resident, for the delay. */
-  unsigned char *big = th_malloc(BIG);
-  if (!CHECK(big != NULL)) return check_summary();
-  memset(big, 0x5a, BIG);
-  uintptr_t big_at = (uintptr_t)big & ~(uintptr_t)(sysconf(_SC_PAGESIZE) - 1); /* (mincore takes OS pages) */
-  th_free(big);
+  uintptr_t big_at = huge_block_freed();
+  if (big_at == 0) return check_summary();
   run_rounds(delay / 3); /* a round frees the empty second page: its slot stays committed for the delay */
   long before = resident_pages(slot, SLOT), big_before = resident_pages(big_at, BIG);
   CHECK(before >= 12);                      /* its 64 written blocks */
