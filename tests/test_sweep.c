@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -187,6 +188,76 @@ static int run_waiting_owner(bool owner_frees) {
   return check_summary();
 }
 
+/* ---- --fork: the owner is a thread the forked child does not have */
+
+static struct {
+  block_t *blocks;
+  size_t n;
+  th_stats_t before;
+  int ready[2], go[2];
+} forked;
+
+/* The parent's thread X: a burst, one block in 32 freed, then it waits through the fork and the child's
+ * run; woken, it checks and frees its blocks, which the child's frees must not have touched. */
+static void *fork_owner(void *arg) {
+  (void)arg;
+  own_work();
+  th_stats_get(&forked.before);
+  uint64_t rng = 0x9e3779b97f4a7c15ULL;
+  burst(forked.blocks, forked.n, &rng, 1, false);
+  for (size_t i = 0; i < forked.n; i += 32) {
+    th_free(forked.blocks[i].p);
+    forked.blocks[i].p = NULL;
+  }
+  char c = 1;
+  if (write(forked.ready[1], &c, 1) != 1 || read(forked.go[0], &c, 1) != 1) return NULL;
+  size_t bad = 0;
+  for (size_t i = 0; i < forked.n; i++) {
+    if (forked.blocks[i].p && !intact(forked.blocks[i].p, forked.blocks[i].size, forked.blocks[i].tag)) bad++;
+    th_free(forked.blocks[i].p);
+  }
+  CHECK_MSG(bad == 0, "%zu of the parent's blocks lost their pattern while its child ran", bad);
+  return NULL;
+}
+
+/* In the child, X's heap has no thread: the main thread frees X's blocks (remote frees into pages nobody
+ * collects) and works in batches of its own, whose purge rounds sweep X's heap as idle. Passes when
+ * committed falls below its value before X's burst plus 8 MiB within 10 s, as in the default mode. */
+static int run_fork(void) {
+  forked.n = 32 * MiB / 512;
+  forked.blocks = calloc(forked.n, sizeof *forked.blocks);
+  if (!CHECK(forked.blocks != NULL) || !CHECK(pipe(forked.ready) == 0 && pipe(forked.go) == 0))
+    return check_summary();
+  pthread_t x;
+  if (!CHECK(pthread_create(&x, NULL, fork_owner, NULL) == 0)) return check_summary();
+  char c;
+  if (!CHECK(read(forked.ready[0], &c, 1) == 1)) return check_summary();
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    handoff.blocks = forked.blocks;
+    handoff.n = forked.n;
+    handoff.committed_limit = forked.before.committed + 8 * MiB;
+    worker(NULL);
+    printf("fork: the child freed %zu blocks of a thread it does not have; committed %zu KiB before its burst, "
+           "%zu KiB after %.3f s\n",
+           forked.n, forked.before.committed >> 10, handoff.committed_after >> 10, handoff.seconds);
+    CHECK_MSG(handoff.bad == 0, "%zu blocks had lost their pattern when the child freed them", handoff.bad);
+    CHECK_MSG(handoff.committed_after < handoff.committed_limit,
+              "committed %zu KiB is still above %zu KiB after %.1f s: the absent thread's pages were not swept",
+              handoff.committed_after >> 10, handoff.committed_limit >> 10, handoff.seconds);
+    fflush(stdout);
+    _exit(check_summary());
+  }
+  int status = 0;
+  if (CHECK(pid > 0) && CHECK(waitpid(pid, &status, 0) == pid))
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child: status %#x", status);
+  c = 1;
+  if (CHECK(write(forked.go[1], &c, 1) == 1)) pthread_join(x, NULL);
+  free(forked.blocks);
+  return check_summary();
+}
+
 /* ---- --race: an owner idle by the clock while its fast paths run */
 
 enum { RACE_WORKERS = 2, RACE_BURST = 20000, RACE_RING = 1 << 16 };
@@ -294,8 +365,9 @@ static int run_race(double seconds) {
 int main(int argc, char **argv) {
   if (argc == 3 && !strcmp(argv[1], "--race")) return run_race(atof(argv[2]));
   bool full = argc == 2 && !strcmp(argv[1], "--full");
-  if (argc != 1 && !full) {
-    fprintf(stderr, "usage: test_sweep [--full | --race SECONDS]\n");
+  bool fork_mode = argc == 2 && !strcmp(argv[1], "--fork");
+  if (argc != 1 && !full && !fork_mode) {
+    fprintf(stderr, "usage: test_sweep [--full | --fork | --race SECONDS]\n");
     return 2;
   }
   /* Without the kernel's barrier nothing is swept (docs/design.md): skipped, not failed. */
@@ -304,5 +376,5 @@ int main(int argc, char **argv) {
     printf("skipped: the kernel offers no private expedited membarrier\n");
     return 77;
   }
-  return run_waiting_owner(!full);
+  return fork_mode ? run_fork() : run_waiting_owner(!full);
 }
