@@ -461,7 +461,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
         } else if (page->capacity < page->reserved && page_extend(heap, page)) {
           /* carved more blocks */
         } else if (page->capacity < page->reserved) {
-          continue; /* a capped heap at its cap: another page may still have blocks */
+          continue; /* a capped heap at its cap, or lazy commit refused: another page may still have blocks */
         } else if (page_try_set_full(page)) {
           heap_queue_remove(heap, q, page);
           heap_queue_push_back(heap, &heap->full, page);
@@ -491,7 +491,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
   if (page == NULL) return NULL;
   th_segment_t *seg = segment_of_page(page);
   page_init(page, seg, (size_t)(page - seg->pages), c);
-  if (!page_extend(heap, page)) { /* a capped heap at its cap */
+  if (!page_extend(heap, page)) { /* a capped heap at its cap, or lazy commit refused (segment_commit) */
     segment_page_free(heap, page);
     return NULL;
   }

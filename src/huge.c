@@ -60,7 +60,7 @@ void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
   size_t total = align_up(offset + size + (secure ? os_page_size() : 0), TH_SEGMENT_SIZE);
   th_segment_t *seg;
   if (alignment <= TH_SEGMENT_SIZE) {
-    seg = segment_map_new(total, TH_KIND_HUGE, secure);
+    seg = segment_map_new(total, TH_KIND_HUGE, secure, false);
   } else {
     /* Rare: a block aligned beyond a segment is mapped at that alignment and never comes from the cache. */
     seg = os_map_aligned(total, alignment);

@@ -150,7 +150,11 @@ void segment_page_free(th_heap_t *heap, th_page_t *page);
 void segment_page_free_kept(th_heap_t *heap, th_page_t *page);
 void segment_release_unused(th_heap_t *heap);
 size_t segment_header_size(size_t page_count, bool secure);
-th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure);
+/* lazy: reserved with no access, made writable as carved (segment_commit), when it comes fresh from the OS. */
+th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure, bool lazy);
+/* Lazy commit: make the segment writable from its start through end (rounded up); false when the OS refuses
+ * (strict overcommit's limit), with errno set. Owner only. */
+bool segment_commit(th_segment_t *seg, const void *end);
 void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched, bool secure);
 void segment_release(th_segment_t *seg);
 size_t segment_cache_resident(void);
@@ -309,6 +313,8 @@ typedef struct th_options_s {
   long profile_signal;      /* THREADHEAP_PROFILE_SIGNAL: SIGUSR2 writes PATH.<n> (if the program has no handler) */
   long leaks;               /* THREADHEAP_LEAKS: print the sampled blocks still live at exit */
   long secure;              /* THREADHEAP_SECURE: 1 checks blocks (secure.c), 2 also zeroes them when freed */
+  long lazy_commit;         /* THREADHEAP_LAZY_COMMIT: thread heaps' segments made writable as carved; default:
+                             * on under strict overcommit (vm.overcommit_memory = 2) */
 } th_options_t;
 extern th_options_t th_options;
 void options_init(void); /* process_init (once), and the library constructor */

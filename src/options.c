@@ -31,6 +31,7 @@ th_options_t th_options = {
     .profile_signal = 0,
     .leaks = 0,
     .secure = TH_SECURE_DEFAULT,
+    .lazy_commit = -1,
 };
 
 typedef struct option_desc_s {
@@ -57,6 +58,7 @@ static const option_desc_t option_table[] = {
     {"THREADHEAP_PROFILE_SIGNAL", &th_options.profile_signal, 0, 1, false, NULL},
     {"THREADHEAP_LEAKS", &th_options.leaks, 0, 1, false, NULL},
     {"THREADHEAP_SECURE", &th_options.secure, 0, 2, false, NULL},
+    {"THREADHEAP_LAZY_COMMIT", &th_options.lazy_commit, 0, 1, false, NULL},
 };
 
 /* Copies of the text options: the program may later rewrite its environment (setproctitle does). */
@@ -150,6 +152,7 @@ static bool options_read;
 void options_init(void) {
   if (options_read) return;
   th_options.remote_pairs = -1; /* its default follows others: decided again on a second read */
+  th_options.lazy_commit = -1;
   for (size_t i = 0; i < sizeof option_table / sizeof option_table[0]; i++) {
     const option_desc_t *o = &option_table[i];
     const char *text = os_getenv(o->name);
@@ -166,6 +169,9 @@ void options_init(void) {
   /* Who frees whose memory costs the remote free path a call (docs/design.md): counted by default only where
    * someone will look, with the live export or the statistics at exit. */
   if (th_options.remote_pairs < 0) th_options.remote_pairs = th_options.stats_interval > 0 || th_options.show_stats;
+  /* Under strict overcommit a thread heap's segments are charged as their pages are carved, not whole
+   * (segment.c, "lazy commit"). */
+  if (th_options.lazy_commit < 0) th_options.lazy_commit = os_overcommit_strict();
   options_read = os_environment_known();
 }
 

@@ -16,6 +16,12 @@ size_t os_cpu_count(void);
 /* Map size bytes of zeroed read-write memory aligned to align (a power of two >= the page size);
  * NULL on failure with errno set. size and align are multiples of the page size. */
 void *os_map_aligned(size_t size, size_t align);
+/* The same, but reserved with no access: each range is made read-write (os_make_writable) before it is
+ * written. Strict overcommit charges only those ranges (segment_map_new's lazy commit). */
+void *os_reserve_aligned(size_t size, size_t align);
+/* The kernel charges every writable private mapping against its commit limit (vm.overcommit_memory = 2),
+ * read once by os_init. */
+bool os_overcommit_strict(void);
 /* Reserve address space only (no access); NULL on failure. */
 void *os_reserve(size_t size);
 /* Reserve address space that reads as zero and takes no memory until written, which needs os_make_writable

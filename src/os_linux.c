@@ -40,9 +40,13 @@ static inline uint64_t clock_ns(void) {
     r_;                                               \
   })
 
+static bool overcommit_strict;
+
 void os_init(void) {
   long ps = sysconf(_SC_PAGESIZE);
   if (ps > 0) page_size = (size_t)ps;
+  char mode[4] = {0};
+  overcommit_strict = os_read_file("/proc/sys/vm/overcommit_memory", mode, sizeof mode - 1) > 0 && mode[0] == '2';
 }
 
 size_t os_page_size(void) { return page_size; }
@@ -60,7 +64,7 @@ size_t os_cpu_count(void) {
   return n;
 }
 
-void *os_map_aligned(size_t size, size_t align) {
+static void *map_aligned(size_t size, size_t align, int prot) {
   /* Over-map and trim: the kernel gives page alignment only. The hint-free mapping keeps us in the
    * 47-bit user address space that the segment map covers. */
   size_t over = size + align;
@@ -68,7 +72,7 @@ void *os_map_aligned(size_t size, size_t align) {
     errno = ENOMEM;
     return NULL;
   }
-  void *p = TIMED(mmap(NULL, over, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+  void *p = TIMED(mmap(NULL, over, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
   if (p == MAP_FAILED) {
     options_verbose("the OS refused to map %zu bytes (errno %d)", over, errno);
     return NULL;
@@ -81,6 +85,12 @@ void *os_map_aligned(size_t size, size_t align) {
   stats_os_map(size);
   return (void *)aligned;
 }
+
+void *os_map_aligned(size_t size, size_t align) { return map_aligned(size, align, PROT_READ | PROT_WRITE); }
+
+void *os_reserve_aligned(size_t size, size_t align) { return map_aligned(size, align, PROT_NONE); }
+
+bool os_overcommit_strict(void) { return overcommit_strict; }
 
 void *os_reserve(size_t size) {
   void *p = TIMED(mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));

@@ -1,5 +1,6 @@
 /* segment.c: segments, the 4 MiB aligned regions that heaps carve into pages (segment_page_alloc), the map
  * from address to segment, the process-wide cache of free segments, and the list of abandoned segments. */
+#include <errno.h>
 #include <string.h>
 
 #include "internal.h"
@@ -227,6 +228,12 @@ static void cache_unlink(th_segment_t *seg) {
   stats_cached(-(long)seg->size);
 }
 
+/* A paged segment, or a cached one that was, writable only in part (lazy commit, below). A huge block's
+ * segment is writable whole; its huge_committed, in commit_end's place, stays for a late double free's report. */
+static inline bool partly_writable(const th_segment_t *s) {
+  return s->kind != TH_KIND_HUGE && s->commit_end < s->size;
+}
+
 /* Do a's and b's ranges touch? */
 static bool segments_adjacent(const th_segment_t *a, const th_segment_t *b) {
   const uint8_t *pa = (const uint8_t *)a, *pb = (const uint8_t *)b;
@@ -236,7 +243,7 @@ static bool segments_adjacent(const th_segment_t *a, const th_segment_t *b) {
 /* Has the cache a segment without guard pages right before or after seg's range? (Under the lock.) */
 static bool cache_neighbour(const th_segment_t *seg) {
   for (const th_segment_t *s = cache_first; s; s = s->next)
-    if (s->guards == 0 && segments_adjacent(s, seg)) return true;
+    if (s->guards == 0 && !partly_writable(s) && segments_adjacent(s, seg)) return true;
   return false;
 }
 
@@ -286,6 +293,7 @@ static void cache_split(th_segment_t *seg, size_t size) {
   vg_defined(rest, sizeof *rest);
   memset(rest, 0, sizeof *rest);
   rest->size = rest_size;
+  rest->commit_end = rest_size; /* (only a segment writable whole is split) */
   rest->cached_since_ms = seg->cached_since_ms;
   rest->in_cache = 1;
   segment_map_set(rest, rest_size, true); /* its regions now point back to it, not to seg */
@@ -312,7 +320,7 @@ static th_segment_t *cache_take(size_t size) {
     if (s->size >= size && s->size <= size + size / 4) {
       found = s;
       if (s->size == size) break;
-    } else if (s->size > size && (larger == NULL || s->size < larger->size)) {
+    } else if (s->size > size && !partly_writable(s) && (larger == NULL || s->size < larger->size)) {
       larger = s;
     }
   }
@@ -346,7 +354,8 @@ static th_segment_t *cache_gather(size_t size) {
   for (size_t need = size; need > 0;) {
     th_segment_t *largest = NULL;
     for (th_segment_t *s = cache_first; s; s = s->next)
-      if ((s->guards == 0 || s->size <= need) && (largest == NULL || s->size > largest->size)) largest = s;
+      if ((s->guards == 0 || s->size <= need) && !partly_writable(s) && (largest == NULL || s->size > largest->size))
+        largest = s;
     if (largest == NULL) break;
     if (largest->size > need) cache_split(largest, need);
     cache_unlink(largest);
@@ -381,7 +390,45 @@ static th_segment_t *cache_gather(size_t size) {
   return seg;
 }
 
-th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure) {
+/* ---- lazy commit (THREADHEAP_LAZY_COMMIT; on by default under strict overcommit, vm.overcommit_memory = 2,
+ * where the kernel charges every writable private mapping against its commit limit whole, MAP_NORESERVE or
+ * not). A thread heap's segment fresh from the OS is reserved with no access and made writable from its start
+ * as its pages are carved (page_extend), LAZY_GRANULE at a time: it is charged for its carved prefix instead
+ * of 4 MiB. The writable part only grows while the segment lives (a purge returns memory, not the charge).
+ * Released, it is cached as it is (the next thread's lazy request takes it so), but never merged, split or
+ * gathered (partly_writable), and any other use makes it writable whole first (segment_map_new). */
+#define LAZY_GRANULE ((size_t)64 << 10)
+
+/* A fresh segment from the OS: writable whole, or (lazy) its first LAZY_GRANULE only, which holds the header.
+ * NULL on failure. */
+static th_segment_t *map_fresh(size_t size, bool lazy) {
+  if (!lazy) return os_map_aligned(size, TH_SEGMENT_SIZE);
+  th_segment_t *seg = os_reserve_aligned(size, TH_SEGMENT_SIZE);
+  if (seg != NULL && !os_make_writable(seg, LAZY_GRANULE)) {
+    int saved = errno;
+    os_unmap(seg, size);
+    errno = saved;
+    seg = NULL;
+  }
+  return seg;
+}
+
+bool segment_commit(th_segment_t *seg, const void *end) {
+  size_t want = align_up((size_t)((const uint8_t *)end - (const uint8_t *)seg), LAZY_GRANULE);
+  if (want > seg->size) want = seg->size;
+  if (want <= seg->commit_end) return true;
+  uint8_t *from = (uint8_t *)seg + seg->commit_end;
+  if (!os_make_writable(from, want - seg->commit_end)) {
+    /* The cached segments are writable whole: what they are charged may be what is missing. */
+    if (atomic_load_explicit(&cache_count, memory_order_relaxed) == 0) return false;
+    segment_cache_purge(true);
+    if (!os_make_writable(from, want - seg->commit_end)) return false;
+  }
+  seg->commit_end = want;
+  return true;
+}
+
+th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure, bool lazy) {
   bool fresh = false;
   th_segment_t *seg = cache_take(size);
   if (seg) {
@@ -391,18 +438,29 @@ th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure) {
     seg = cache_gather(size);
   }
   if (seg == NULL) {
-    seg = os_map_aligned(size, TH_SEGMENT_SIZE);
+    seg = map_fresh(size, lazy);
     if (seg == NULL && atomic_load_explicit(&cache_count, memory_order_relaxed) != 0) {
       segment_cache_purge(true); /* address space short (RLIMIT_AS): cached segments go first */
-      seg = os_map_aligned(size, TH_SEGMENT_SIZE);
+      seg = map_fresh(size, lazy);
     }
     if (seg == NULL && sweep_all_heaps(th_heap_tls)) { /* then what other threads' heaps hold empty */
       segment_cache_purge(true);
-      seg = os_map_aligned(size, TH_SEGMENT_SIZE);
+      seg = map_fresh(size, lazy);
     }
     if (seg == NULL) return NULL;
     fresh = true;
     if (th_options.huge_pages) os_advise_huge(seg, size);
+  }
+  /* A cached segment writable in part (a lazy one released) stays so for a lazy request of pages; any other
+   * use is made writable whole first. */
+  size_t commit = fresh ? (lazy ? LAZY_GRANULE : size) : partly_writable(seg) ? seg->commit_end : seg->size;
+  bool keep_partial = lazy && kind != TH_KIND_HUGE;
+  if (!fresh && commit < seg->size && !keep_partial) {
+    if (!os_make_writable((uint8_t *)seg + commit, seg->size - commit)) {
+      segment_release(seg);
+      return NULL;
+    }
+    commit = seg->size;
   }
   if (kind != TH_KIND_HUGE && !page_map_prepare(seg, TH_SEGMENT_SIZE)) { /* the OS is out of memory */
     if (fresh) os_unmap(seg, size);
@@ -411,6 +469,7 @@ th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure) {
   }
   if (fresh) segment_map_set(seg, size, true);
   segment_init(seg, fresh ? size : seg->size, kind, fresh, secure);
+  if (kind != TH_KIND_HUGE) seg->commit_end = commit;
   return seg;
 }
 
@@ -431,6 +490,7 @@ void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched
   vg_defined(seg, size); /* under valgrind: a reused segment's freed blocks were no-access */
   memset(seg, 0, sizeof(th_segment_t) + pages * sizeof(th_page_t));
   seg->size = size;
+  seg->commit_end = size; /* writable whole (segment_map_new narrows a lazy one's; huge_committed for huge) */
   seg->kind = (uint8_t)kind;
   seg->page_shift = kind == TH_KIND_SMALL ? TH_SMALL_PAGE_SHIFT
                   : kind == TH_KIND_MEDIUM ? TH_MEDIUM_PAGE_SHIFT
@@ -486,9 +546,9 @@ void segment_release(th_segment_t *seg) {
    * split); only the rest of a segment whose guard pages cache_take lifted to split it may touch one
    * unmerged. A segment is any aligned range with a header at its start: bookkeeping only. */
   bool merged = false;
-  for (th_segment_t *s = cache_first, *next; s && seg->guards == 0; s = next) {
+  for (th_segment_t *s = cache_first, *next; s && seg->guards == 0 && !partly_writable(seg); s = next) {
     next = s->next;
-    if (s->guards != 0) continue;
+    if (s->guards != 0 || partly_writable(s)) continue;
     if (segments_adjacent(s, seg)) {
       cache_unlink(s);
       size_t total = s->size + seg->size;
@@ -497,7 +557,10 @@ void segment_release(th_segment_t *seg) {
       merged = true;
     }
   }
-  if (merged) segment_map_set(seg, seg->size, true);
+  if (merged) {
+    if (seg->kind != TH_KIND_HUGE) seg->commit_end = seg->size; /* (none partly writable merges) */
+    segment_map_set(seg, seg->size, true);
+  }
   seg->cached_since_ms = process_clock();
   cache_push(seg);
   /* Read before the unlock: from then on another thread may take the segment. */
@@ -603,7 +666,11 @@ th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind) {
       segment_init(seg, TH_SEGMENT_SIZE, kind, false, heap->secure != NULL);
       seg->is_pinned = 1;
     } else {
-      seg = segment_map_new(TH_SEGMENT_SIZE, kind, heap->secure != NULL);
+      /* Lazy commit for thread heaps in the default mode; an explicit heap's initial_size is touched whole, and
+       * secure mode's guard pages are laid out at once. */
+      bool lazy = th_options.lazy_commit > 0 && heap->secure == NULL && !heap_is_explicit(heap) &&
+                  !(heap->flags & TH_HEAP_SAMPLES);
+      seg = segment_map_new(TH_SEGMENT_SIZE, kind, heap->secure != NULL, lazy);
       if (seg == NULL) return NULL;
     }
     heap_segment_own(heap, seg);

@@ -213,7 +213,10 @@ typedef struct th_page_queue_s {
  *   pages[i].owner == thread_id  for every i < page_count (segment_set_owner writes them together)
  *   page map words for [segment, segment + size) (segment.c): its pages' descriptors while it is laid out
  *     in pages and neither secure nor sampled; &th_page_map_slow's offset while it is one of those; else 0
- *   heap == the owner heap; NULL when abandoned or cached, and for huge blocks of thread heaps */
+ *   heap == the owner heap; NULL when abandoned or cached, and for huge blocks of thread heaps
+ *   kind != TH_KIND_HUGE  =>  [segment, segment + commit_end) is writable, the rest has no access, and every
+ *     carved block lies below commit_end (lazy commit, segment.c); a cached segment with commit_end < size
+ *     is never merged, split or gathered */
 struct th_segment_s {
   size_t size;               /* mapped bytes */
   uint8_t kind;              /* th_kind_t */
@@ -239,7 +242,12 @@ struct th_segment_s {
   th_segment_t *next, *prev; /* the heap's segment list of this kind, the abandoned list, or the cache */
   uint64_t page_index_mask;  /* on the first cache line with thread_id and page_index_shift: a free reads all three */
   uint64_t cached_since_ms;  /* when it entered the cache, or was abandoned (the process clock, segment.c) */
-  size_t huge_committed;     /* huge: bytes from the segment start to the block's end, in OS pages */
+  union {
+    size_t huge_committed;   /* huge: bytes from the segment start to the block's end, in OS pages */
+    /* Paged: bytes from the segment start that are writable; the rest was reserved with no access and is made
+     * writable as pages are carved (lazy commit, segment_commit). size unless the segment was mapped lazily. */
+    size_t commit_end;
+  };
   size_t huge_size;          /* huge: the size asked for (the attribution's in_use) */
   /* huge, while profiling: the block's sample (NULL: not sampled) and its estimates (profile.c) */
   struct profile_stack_s *sample_stack;
