@@ -125,7 +125,7 @@ TH_API th_heap_t *th_heap_create(unsigned flags, size_t initial_size, size_t max
   /* The initial size is committed and touched now, in whole segments kept by the heap (pinned): the first
    * pages carved from them take no page faults, and they are never purged while the heap lives. */
   for (size_t done = 0; done < initial_size; done += TH_SEGMENT_SIZE) {
-    th_segment_t *seg = segment_map_new(TH_SEGMENT_SIZE, TH_KIND_SMALL, heap->secure != NULL, false);
+    th_segment_t *seg = segment_map_new(TH_SEGMENT_SIZE, TH_KIND_SMALL, heap->secure != NULL, 0);
     if (seg == NULL) {
       th_heap_destroy(heap);
       errno = ENOMEM;

@@ -13,6 +13,16 @@ static size_t huge_committed(const th_segment_t *seg, const void *p, size_t size
   return committed_for((size_t)((const uint8_t *)p - (const uint8_t *)seg), size);
 }
 
+/* Lazy commit (segment.c): a thread's huge block fresh from the OS is writable from its segment's start to its
+ * end rounded up to LAZY_STEP (lazy_end), the rest with no access, so that strict overcommit charges about the
+ * block rather than its segment; a growing block is made writable a step at a time (one mprotect per 256 KiB
+ * of growth, not per realloc). */
+#define LAZY_STEP ((size_t)256 << 10)
+static size_t lazy_end(size_t segment_size, size_t committed) {
+  size_t end = align_up(committed, LAZY_STEP);
+  return end < segment_size ? end : segment_size;
+}
+
 /* An explicit heap's huge blocks are linked to it, so that th_heap_destroy finds them and its cap counts them.
  * Any thread may free one, hence the lock; it is never held across a system call. */
 static void owner_link(th_heap_t *owner, th_segment_t *seg) {
@@ -58,9 +68,10 @@ void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
   }
   /* In secure mode a guard page follows the block's last page (secure_huge_alloc). */
   size_t total = align_up(offset + size + (secure ? os_page_size() : 0), TH_SEGMENT_SIZE);
+  bool lazy = th_options.lazy_commit > 0 && owner == NULL && !secure; /* (lazy_end, above) */
   th_segment_t *seg;
   if (alignment <= TH_SEGMENT_SIZE) {
-    seg = segment_map_new(total, TH_KIND_HUGE, secure, false);
+    seg = segment_map_new(total, TH_KIND_HUGE, secure, lazy ? lazy_end(total, committed_for(offset, size)) : 0);
   } else {
     /* Rare: a block aligned beyond a segment is mapped at that alignment and never comes from the cache. */
     seg = os_map_aligned(total, alignment);
@@ -145,12 +156,26 @@ static void *huge_remap(th_segment_t *seg, void *p, size_t size, size_t guard) {
     errno = ENOMEM;
     return NULL;
   }
+  /* Lazy commit: the block's new pages become writable first, and so does the rest of the segment when it
+   * grows past it (mremap resizes or moves one mapping); what lies past lazy_end is made inaccessible again
+   * below. On failure the block is as it was, its segment perhaps writable further. */
+  bool lazy = seg->is_lazy;
+  size_t writable = lazy ? lazy_end(old, (size_t)committed_before) : old; /* writable from the start, after this */
+  if (lazy && new_committed > writable) {
+    size_t upto = need > old ? old : lazy_end(old, new_committed);
+    if (!os_make_writable((uint8_t *)seg + writable, upto - writable)) {
+      errno = ENOMEM;
+      return NULL;
+    }
+    writable = upto;
+  }
   if (owner) owner_unlink(owner, seg); /* the segment may move; relinked below */
   if (need < old) {
     /* Shrink in place: the tail goes back to the OS. */
     segment_map_set((th_segment_t *)((uint8_t *)seg + need), old - need, false);
     os_unmap((uint8_t *)seg + need, old - need);
     seg->size = need;
+    if (writable > need) writable = need;
   } else if (need > old) {
     if (os_remap(seg, old, need, NULL) != NULL) { /* grown in place */
       segment_map_set(seg, need, true);
@@ -186,6 +211,7 @@ static void *huge_remap(th_segment_t *seg, void *p, size_t size, size_t guard) {
       stats_add(&th_stats_global.remap_bytes_not_copied, seg->huge_size);
     }
     seg->size = need;
+    writable = need;
   } else if (size > seg->huge_size) { /* grown within its segment: nothing to map, nothing copied */
     stats_count(&th_stats_global.remaps_in_place);
     stats_add(&th_stats_global.remap_bytes_not_copied, seg->huge_size);
@@ -196,6 +222,8 @@ static void *huge_remap(th_segment_t *seg, void *p, size_t size, size_t guard) {
     size_t end = (size_t)committed_before < need ? (size_t)committed_before : need;
     if (end > new_committed) os_purge((uint8_t *)seg + new_committed, end - new_committed);
   }
+  size_t lazy_to = lazy_end(need, new_committed);
+  if (lazy && writable > lazy_to) os_protect((uint8_t *)seg + lazy_to, writable - lazy_to, false);
   p = (uint8_t *)seg + offset;
   seg->pages[0].start = p;
   seg->huge_committed = new_committed;

@@ -150,8 +150,9 @@ void segment_page_free(th_heap_t *heap, th_page_t *page);
 void segment_page_free_kept(th_heap_t *heap, th_page_t *page);
 void segment_release_unused(th_heap_t *heap);
 size_t segment_header_size(size_t page_count, bool secure);
-/* lazy: reserved with no access, made writable as carved (segment_commit), when it comes fresh from the OS. */
-th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure, bool lazy);
+/* lazy (lazy commit, when not 0): a segment fresh from the OS is reserved with no access but for its first
+ * `lazy` bytes; a paged one is made writable as carved (segment_commit), a huge one (is_lazy) by huge.c. */
+th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure, size_t lazy);
 /* Lazy commit: make the segment writable from its start through end (rounded up); false when the OS refuses
  * (strict overcommit's limit), with errno set. Owner only. */
 bool segment_commit(th_segment_t *seg, const void *end);

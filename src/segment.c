@@ -228,10 +228,11 @@ static void cache_unlink(th_segment_t *seg) {
   stats_cached(-(long)seg->size);
 }
 
-/* A paged segment, or a cached one that was, writable only in part (lazy commit, below). A huge block's
- * segment is writable whole; its huge_committed, in commit_end's place, stays for a late double free's report. */
+/* A live segment writable only in part (lazy commit, below): a paged one short of commit_end, a lazy huge one
+ * short of its block's end (huge_committed, in commit_end's place). Any other huge block's segment is writable
+ * whole; its huge_committed stays for a late double free's report. Every cached segment is writable whole. */
 static inline bool partly_writable(const th_segment_t *s) {
-  return s->kind != TH_KIND_HUGE && s->commit_end < s->size;
+  return (s->kind != TH_KIND_HUGE || s->is_lazy) && s->commit_end < s->size;
 }
 
 /* Do a's and b's ranges touch? */
@@ -243,7 +244,7 @@ static bool segments_adjacent(const th_segment_t *a, const th_segment_t *b) {
 /* Has the cache a segment without guard pages right before or after seg's range? (Under the lock.) */
 static bool cache_neighbour(const th_segment_t *seg) {
   for (const th_segment_t *s = cache_first; s; s = s->next)
-    if (s->guards == 0 && !partly_writable(s) && segments_adjacent(s, seg)) return true;
+    if (s->guards == 0 && segments_adjacent(s, seg)) return true;
   return false;
 }
 
@@ -320,7 +321,7 @@ static th_segment_t *cache_take(size_t size) {
     if (s->size >= size && s->size <= size + size / 4) {
       found = s;
       if (s->size == size) break;
-    } else if (s->size > size && !partly_writable(s) && (larger == NULL || s->size < larger->size)) {
+    } else if (s->size > size && (larger == NULL || s->size < larger->size)) {
       larger = s;
     }
   }
@@ -354,8 +355,7 @@ static th_segment_t *cache_gather(size_t size) {
   for (size_t need = size; need > 0;) {
     th_segment_t *largest = NULL;
     for (th_segment_t *s = cache_first; s; s = s->next)
-      if ((s->guards == 0 || s->size <= need) && !partly_writable(s) && (largest == NULL || s->size > largest->size))
-        largest = s;
+      if ((s->guards == 0 || s->size <= need) && (largest == NULL || s->size > largest->size)) largest = s;
     if (largest == NULL) break;
     if (largest->size > need) cache_split(largest, need);
     cache_unlink(largest);
@@ -395,16 +395,16 @@ static th_segment_t *cache_gather(size_t size) {
  * not). A thread heap's segment fresh from the OS is reserved with no access and made writable from its start
  * as its pages are carved (page_extend), LAZY_GRANULE at a time: it is charged for its carved prefix instead
  * of 4 MiB. The writable part only grows while the segment lives (a purge returns memory, not the charge).
- * Released, it is cached as it is (the next thread's lazy request takes it so), but never merged, split or
- * gathered (partly_writable), and any other use makes it writable whole first (segment_map_new). */
+ * A thread's huge block fresh from the OS is likewise writable only to about its end (is_lazy, huge.c).
+ * Released, a segment is made writable whole for the cache (charged for the purge delay at most), and a lazy
+ * request of pages that takes it from there gives back the charge past its first bytes (segment_map_new). */
 #define LAZY_GRANULE ((size_t)64 << 10)
 
-/* A fresh segment from the OS: writable whole, or (lazy) its first LAZY_GRANULE only, which holds the header.
- * NULL on failure. */
-static th_segment_t *map_fresh(size_t size, bool lazy) {
-  if (!lazy) return os_map_aligned(size, TH_SEGMENT_SIZE);
+/* A fresh segment from the OS: writable whole, or (lazy) its first `lazy` bytes only. NULL on failure. */
+static th_segment_t *map_fresh(size_t size, size_t lazy) {
+  if (lazy == 0) return os_map_aligned(size, TH_SEGMENT_SIZE);
   th_segment_t *seg = os_reserve_aligned(size, TH_SEGMENT_SIZE);
-  if (seg != NULL && !os_make_writable(seg, LAZY_GRANULE)) {
+  if (seg != NULL && !os_make_writable(seg, lazy)) {
     int saved = errno;
     os_unmap(seg, size);
     errno = saved;
@@ -428,7 +428,7 @@ bool segment_commit(th_segment_t *seg, const void *end) {
   return true;
 }
 
-th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure, bool lazy) {
+th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure, size_t lazy) {
   bool fresh = false;
   th_segment_t *seg = cache_take(size);
   if (seg) {
@@ -451,17 +451,12 @@ th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure, bool laz
     fresh = true;
     if (th_options.huge_pages) os_advise_huge(seg, size);
   }
-  /* A cached segment writable in part (a lazy one released) stays so for a lazy request of pages; any other
-   * use is made writable whole first. */
-  size_t commit = fresh ? (lazy ? LAZY_GRANULE : size) : partly_writable(seg) ? seg->commit_end : seg->size;
-  bool keep_partial = lazy && kind != TH_KIND_HUGE;
-  if (!fresh && commit < seg->size && !keep_partial) {
-    if (!os_make_writable((uint8_t *)seg + commit, seg->size - commit)) {
-      segment_release(seg);
-      return NULL;
-    }
-    commit = seg->size;
-  }
+  /* A cached segment (writable whole) for a lazy request of pages keeps its first `lazy` bytes writable; the rest
+   * loses its charge, not its pages, which the carve finds resident again. A huge block takes it writable whole
+   * (charged already, and a change of protection over resident pages costs a walk of their page tables:
+   * mimalloc-bench's malloc-large took 1.2 times as long narrowing them too). */
+  size_t commit = fresh ? (lazy ? lazy : size) : lazy && kind != TH_KIND_HUGE ? lazy : seg->size;
+  if (commit < seg->size && !fresh) os_protect((uint8_t *)seg + commit, seg->size - commit, false);
   if (kind != TH_KIND_HUGE && !page_map_prepare(seg, TH_SEGMENT_SIZE)) { /* the OS is out of memory */
     if (fresh) os_unmap(seg, size);
     else segment_release(seg);
@@ -469,7 +464,8 @@ th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure, bool laz
   }
   if (fresh) segment_map_set(seg, size, true);
   segment_init(seg, fresh ? size : seg->size, kind, fresh, secure);
-  if (kind != TH_KIND_HUGE) seg->commit_end = commit;
+  seg->commit_end = commit; /* (a huge block's: until huge_alloc sets huge_committed, the same field) */
+  seg->is_lazy = kind == TH_KIND_HUGE && commit < seg->size;
   return seg;
 }
 
@@ -525,9 +521,17 @@ void segment_release(th_segment_t *seg) {
   if (seg->is_sampled) segment_set_sampled(seg, false);
   segment_set_owner(seg, 0);
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
-  if (seg->size > (size_t)th_options.cache_max || th_options.purge_delay == 0) {
+  /* Lazy commit: a segment enters the cache writable whole (and charged so, for the purge delay at most),
+   * so that the cache may split, merge and move it for any next use; or, refused, it is unmapped. */
+  bool partial = partly_writable(seg);
+  if (seg->size > (size_t)th_options.cache_max || th_options.purge_delay == 0 ||
+      (partial && !os_make_writable((uint8_t *)seg + seg->commit_end, seg->size - seg->commit_end))) {
     segment_unmap(seg);
     return;
+  }
+  if (partial) {
+    if (seg->kind != TH_KIND_HUGE) seg->commit_end = seg->size;
+    seg->is_lazy = 0; /* (a huge block's huge_committed stays for a late double free's report) */
   }
   th_segment_t *evict = NULL;
   if (!th_lock_unless_fork(&cache_lock)) {
@@ -546,9 +550,9 @@ void segment_release(th_segment_t *seg) {
    * split); only the rest of a segment whose guard pages cache_take lifted to split it may touch one
    * unmerged. A segment is any aligned range with a header at its start: bookkeeping only. */
   bool merged = false;
-  for (th_segment_t *s = cache_first, *next; s && seg->guards == 0 && !partly_writable(seg); s = next) {
+  for (th_segment_t *s = cache_first, *next; s && seg->guards == 0; s = next) {
     next = s->next;
-    if (s->guards != 0 || partly_writable(s)) continue;
+    if (s->guards != 0) continue;
     if (segments_adjacent(s, seg)) {
       cache_unlink(s);
       size_t total = s->size + seg->size;
@@ -558,7 +562,7 @@ void segment_release(th_segment_t *seg) {
     }
   }
   if (merged) {
-    if (seg->kind != TH_KIND_HUGE) seg->commit_end = seg->size; /* (none partly writable merges) */
+    if (seg->kind != TH_KIND_HUGE) seg->commit_end = seg->size;
     segment_map_set(seg, seg->size, true);
   }
   seg->cached_since_ms = process_clock();
@@ -670,7 +674,7 @@ th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind) {
        * secure mode's guard pages are laid out at once. */
       bool lazy = th_options.lazy_commit > 0 && heap->secure == NULL && !heap_is_explicit(heap) &&
                   !(heap->flags & TH_HEAP_SAMPLES);
-      seg = segment_map_new(TH_SEGMENT_SIZE, kind, heap->secure != NULL, lazy);
+      seg = segment_map_new(TH_SEGMENT_SIZE, kind, heap->secure != NULL, lazy ? LAZY_GRANULE : 0);
       if (seg == NULL) return NULL;
     }
     heap_segment_own(heap, seg);

@@ -264,6 +264,9 @@ struct th_segment_s {
    * while the segment is cached, so that a segment taken again for the same layout needs no mprotect;
    * read by segment_init before it clears the header. */
   uint8_t guards;
+  /* huge, made under lazy commit (huge.c): writable only to the block's end (huge_committed), the rest with
+   * no access; unmapped when released, never cached. */
+  uint8_t is_lazy;
   _Atomic(int) huge_live;    /* huge: 1 while the block is allocated; the exchange to 0 catches double frees */
   size_t guard_end;
   _Alignas(128) th_page_t pages[]; /* page_count descriptors, each on two whole cache lines */

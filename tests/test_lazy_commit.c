@@ -5,8 +5,11 @@
  * Read from /proc/self/maps: the writable bytes of the segment (4 MiB, aligned) that holds a block. One small,
  * one medium and one large block each leave their segment writable for at most 320 KiB; 30,000 more small
  * blocks, each written and checked, make their segments writable as far as they were carved; a thread's
- * segments, partly writable when it exits, are cached as they are (CTest sets a purge delay of 10 s), and a
- * huge block of 3 MiB, which takes one of them, finds it writable whole and keeps its contents. `--eager`
+ * segments, partly writable when it exits, enter the cache writable whole (CTest sets a purge delay of 10 s);
+ * the next thread's segment taken from the cache is writable for its first 64 KiB again, and a huge block of
+ * 3 MiB takes one writable whole, its contents kept. A huge block fresh from the OS is writable to its end
+ * rounded up to 256 KiB only, as realloc grows it to 3 MB within its segment, to 9 MB past it and shrinks it
+ * to 2 MB, its contents checked at each step. `--eager`
  * (THREADHEAP_LAZY_COMMIT=0) checks that every segment is writable whole. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -55,6 +58,7 @@ static bool intact(const unsigned char *p, size_t n, unsigned tag) {
 }
 
 static uintptr_t thread_blocks[2]; /* where the thread's two blocks were */
+static size_t thread_medium_writable;   /* its medium block's segment, writable bytes, while it lived */
 
 static void *thread_main(void *arg) {
   (void)arg;
@@ -65,6 +69,7 @@ static void *thread_main(void *arg) {
     CHECK(intact(p, 20000, 7) && intact(q, 100, 8));
   }
   thread_blocks[0] = (uintptr_t)p, thread_blocks[1] = (uintptr_t)q;
+  thread_medium_writable = segment_writable(p);
   th_free(p);
   th_free(q);
   return NULL;
@@ -112,31 +117,64 @@ int main(int argc, char **argv) {
     th_free(first[i]);
   }
 
-  /* A thread's segments, partly writable when it exits, are cached as they are; a huge block that takes one
-   * of them from the cache gets it writable whole. */
+  /* A huge block fresh from the OS: writable to its end only, through realloc's growth within its segment,
+   * its move past it and its shrinking; its contents kept. th_collect first empties the cache, so that the
+   * block does not take a cached segment (writable whole, and charged already). */
   th_collect();
+  static const size_t steps[] = {1100000, 3000000, 9000000, 2000000};
+  unsigned char *h = NULL;
+  size_t kept = 0;
+  for (int i = 0; i < 4; i++) {
+    unsigned char *q = th_realloc(h, steps[i]);
+    if (!CHECK(q != NULL)) break;
+    h = q;
+    size_t keep = kept < steps[i] ? kept : steps[i];
+    CHECK_MSG(intact(h, keep, 11), "a huge block lost its contents when reallocated to %zu bytes", steps[i]);
+    fill(h, steps[i], 11);
+    kept = steps[i];
+    uintptr_t seg = (uintptr_t)h & ~(uintptr_t)(SEGMENT - 1);
+    size_t span = (((uintptr_t)h + steps[i] - seg) + SEGMENT - 1) & ~(SEGMENT - 1); /* the block's segment */
+    size_t w = writable_in(seg, seg + span), end = (uintptr_t)h + steps[i] - seg;
+    printf("a huge block of %zu bytes: %zu KiB of its %zu KiB segment writable\n", steps[i], w / KiB, span / KiB);
+    if (eager) CHECK_MSG(w == span, "%zu KiB writable of %zu", w / KiB, span / KiB);
+    else CHECK_MSG(w >= end && w < end + 256 * KiB, "%zu KiB writable for a block ending at %zu KiB", w / KiB,
+                   end / KiB);
+  }
+  th_free(h);
+
+  /* A thread's segments, partly writable when it exits, enter the cache writable whole; the next thread takes
+   * them back writable for their first 64 KiB only, and a huge block takes one as it is, writable whole. */
+  th_collect();
+  uintptr_t first_thread[2];
   pthread_t t;
   if (!CHECK(pthread_create(&t, NULL, thread_main, NULL) == 0)) return check_summary();
   pthread_join(t, NULL);
+  memcpy(first_thread, thread_blocks, sizeof first_thread);
   th_stats_t s;
   th_stats_get(&s);
-  size_t w_medium = segment_writable((void *)thread_blocks[0]), w_small = segment_writable((void *)thread_blocks[1]);
+  size_t w_medium = segment_writable((void *)first_thread[0]), w_small = segment_writable((void *)first_thread[1]);
   printf("after a thread's exit: %zu KiB of cached segments resident; its segments writable for %zu and %zu KiB\n",
          s.cached / KiB, w_medium / KiB, w_small / KiB);
   CHECK_MSG(s.cached > 0, "the exited thread's segments were not cached");
-  if (eager) CHECK(w_medium == SEGMENT && w_small == SEGMENT);
-  else CHECK_MSG(w_medium <= 320 * KiB && w_small <= 320 * KiB, "cached segments writable for %zu and %zu KiB",
-                 w_medium / KiB, w_small / KiB);
+  CHECK_MSG(w_medium == SEGMENT && w_small == SEGMENT, "cached segments writable for %zu and %zu KiB", w_medium / KiB,
+            w_small / KiB);
+  if (!CHECK(pthread_create(&t, NULL, thread_main, NULL) == 0)) return check_summary();
+  pthread_join(t, NULL);
+  bool same = (thread_blocks[0] & ~(uintptr_t)(SEGMENT - 1)) == (first_thread[0] & ~(uintptr_t)(SEGMENT - 1));
+  w_medium = segment_writable((void *)thread_blocks[0]);
+  printf("the next thread's medium block: in %s segment, writable for %zu KiB while it lived\n",
+         same ? "the same" : "another", thread_medium_writable / KiB);
+  if (eager) CHECK(thread_medium_writable == SEGMENT);
+  else CHECK_MSG(thread_medium_writable <= 320 * KiB, "%zu KiB writable", thread_medium_writable / KiB);
   size_t huge = (size_t)3 << 20;
-  unsigned char *h = th_malloc(huge);
+  h = th_malloc(huge);
   if (CHECK(h != NULL)) {
     fill(h, huge, 9);
     CHECK_MSG(intact(h, huge, 9), "a huge block lost its contents");
     uintptr_t seg = (uintptr_t)h & ~(uintptr_t)(SEGMENT - 1);
-    bool reused = seg == (thread_blocks[0] & ~(uintptr_t)(SEGMENT - 1)) ||
-                  seg == (thread_blocks[1] & ~(uintptr_t)(SEGMENT - 1));
-    printf("a huge block of 3 MiB, in %s\n", reused ? "one of the exited thread's segments" : "another segment");
-    CHECK(writable_in(seg, (uintptr_t)h + huge) == (uintptr_t)h + huge - seg);
+    size_t w = writable_in(seg, seg + SEGMENT);
+    printf("a huge block of 3 MiB from the cache: %zu KiB of its segment writable\n", w / KiB);
+    CHECK_MSG(w == SEGMENT, "%zu KiB writable", w / KiB);
     th_free(h);
   }
   return check_summary();
