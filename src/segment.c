@@ -451,17 +451,17 @@ th_segment_t *segment_map_new(size_t size, th_kind_t kind, bool secure, size_t l
     fresh = true;
     if (th_options.huge_pages) os_advise_huge(seg, size);
   }
+  if (kind != TH_KIND_HUGE && !page_map_prepare(seg, TH_SEGMENT_SIZE)) { /* the OS is out of memory */
+    if (fresh) os_unmap(seg, size);
+    else segment_release(seg);
+    return NULL;
+  }
   /* A cached segment (writable whole) for a lazy request of pages keeps its first `lazy` bytes writable; the rest
    * loses its charge, not its pages, which the carve finds resident again. A huge block takes it writable whole
    * (charged already, and a change of protection over resident pages costs a walk of their page tables:
    * mimalloc-bench's malloc-large took 1.2 times as long narrowing them too). */
   size_t commit = fresh ? (lazy ? lazy : size) : lazy && kind != TH_KIND_HUGE ? lazy : seg->size;
   if (commit < seg->size && !fresh) os_protect((uint8_t *)seg + commit, seg->size - commit, false);
-  if (kind != TH_KIND_HUGE && !page_map_prepare(seg, TH_SEGMENT_SIZE)) { /* the OS is out of memory */
-    if (fresh) os_unmap(seg, size);
-    else segment_release(seg);
-    return NULL;
-  }
   if (fresh) segment_map_set(seg, size, true);
   segment_init(seg, fresh ? size : seg->size, kind, fresh, secure);
   seg->commit_end = commit; /* (a huge block's: until huge_alloc sets huge_committed, the same field) */
