@@ -13,10 +13,10 @@ static size_t huge_committed(const th_segment_t *seg, const void *p, size_t size
   return committed_for((size_t)((const uint8_t *)p - (const uint8_t *)seg), size);
 }
 
-/* Lazy commit (segment.c): a thread's huge block fresh from the OS is writable from its segment's start to its
- * end rounded up to LAZY_STEP (lazy_end), the rest with no access, so that strict overcommit charges about the
- * block rather than its segment; a growing block is made writable a step at a time (one mprotect per 256 KiB
- * of growth, not per realloc). */
+/* Lazy commit (segment.c): a huge block fresh from the OS (not secure mode's) is writable from its segment's
+ * start to its end rounded up to LAZY_STEP (lazy_end), the rest with no access, so that strict overcommit
+ * charges about the block rather than its segment; a growing block is made writable a step at a time (one
+ * mprotect per 256 KiB of growth, not per realloc). */
 #define LAZY_STEP ((size_t)256 << 10)
 static size_t lazy_end(size_t segment_size, size_t committed) {
   size_t end = align_up(committed, LAZY_STEP);
@@ -68,7 +68,7 @@ void *huge_alloc(th_heap_t *owner, size_t size, size_t alignment, bool zero) {
   }
   /* In secure mode a guard page follows the block's last page (secure_huge_alloc). */
   size_t total = align_up(offset + size + (secure ? os_page_size() : 0), TH_SEGMENT_SIZE);
-  bool lazy = th_options.lazy_commit > 0 && owner == NULL && !secure; /* (lazy_end, above) */
+  bool lazy = th_options.lazy_commit > 0 && !secure && !(owner && (owner->flags & TH_HEAP_SAMPLES)); /* lazy_end */
   th_segment_t *seg;
   if (alignment <= TH_SEGMENT_SIZE) {
     seg = segment_map_new(total, TH_KIND_HUGE, secure, lazy ? lazy_end(total, committed_for(offset, size)) : 0);

@@ -314,7 +314,7 @@ typedef struct th_options_s {
   long profile_signal;      /* THREADHEAP_PROFILE_SIGNAL: SIGUSR2 writes PATH.<n> (if the program has no handler) */
   long leaks;               /* THREADHEAP_LEAKS: print the sampled blocks still live at exit */
   long secure;              /* THREADHEAP_SECURE: 1 checks blocks (secure.c), 2 also zeroes them when freed */
-  long lazy_commit;         /* THREADHEAP_LAZY_COMMIT: thread heaps' segments made writable as carved; default:
+  long lazy_commit;         /* THREADHEAP_LAZY_COMMIT: segments made writable as carved; default:
                              * on under strict overcommit (vm.overcommit_memory = 2) */
 } th_options_t;
 extern th_options_t th_options;

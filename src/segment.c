@@ -392,10 +392,10 @@ static th_segment_t *cache_gather(size_t size) {
 
 /* ---- lazy commit (THREADHEAP_LAZY_COMMIT; on by default under strict overcommit, vm.overcommit_memory = 2,
  * where the kernel charges every writable private mapping against its commit limit whole, MAP_NORESERVE or
- * not). A thread heap's segment fresh from the OS is reserved with no access and made writable from its start
- * as its pages are carved (page_extend), LAZY_GRANULE at a time: it is charged for its carved prefix instead
- * of 4 MiB. The writable part only grows while the segment lives (a purge returns memory, not the charge).
- * A thread's huge block fresh from the OS is likewise writable only to about its end (is_lazy, huge.c).
+ * not). A heap's segment fresh from the OS (not secure mode's) is reserved with no access and made writable
+ * from its start as its pages are carved (page_extend), LAZY_GRANULE at a time: it is charged for its carved
+ * prefix instead of 4 MiB. The writable part only grows while the segment lives (a purge returns memory, not
+ * the charge). A huge block fresh from the OS is likewise writable only to about its end (is_lazy, huge.c).
  * Released, a segment is made writable whole for the cache (charged for the purge delay at most), and a lazy
  * request of pages that takes it from there gives back the charge past its first bytes (segment_map_new). */
 #define LAZY_GRANULE ((size_t)64 << 10)
@@ -670,10 +670,9 @@ th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind) {
       segment_init(seg, TH_SEGMENT_SIZE, kind, false, heap->secure != NULL);
       seg->is_pinned = 1;
     } else {
-      /* Lazy commit for thread heaps in the default mode; an explicit heap's initial_size is touched whole, and
-       * secure mode's guard pages are laid out at once. */
-      bool lazy = th_options.lazy_commit > 0 && heap->secure == NULL && !heap_is_explicit(heap) &&
-                  !(heap->flags & TH_HEAP_SAMPLES);
+      /* Lazy commit, but for secure mode (its guard pages are laid out at once) and the profiler's heap; an
+       * explicit heap's initial_size comes from pinned segments, touched whole (above). */
+      bool lazy = th_options.lazy_commit > 0 && heap->secure == NULL && !(heap->flags & TH_HEAP_SAMPLES);
       seg = segment_map_new(TH_SEGMENT_SIZE, kind, heap->secure != NULL, lazy ? LAZY_GRANULE : 0);
       if (seg == NULL) return NULL;
     }

@@ -9,7 +9,7 @@
  * the next thread's segment taken from the cache is writable for its first 64 KiB again, and a huge block of
  * 3 MiB takes one writable whole, its contents kept. A huge block fresh from the OS is writable to its end
  * rounded up to 256 KiB only, as realloc grows it to 3 MB within its segment, to 9 MB past it and shrinks it
- * to 2 MB, its contents checked at each step. `--eager`
+ * to 2 MB, its contents checked at each step; an explicit heap's small and huge blocks likewise. `--eager`
  * (THREADHEAP_LAZY_COMMIT=0) checks that every segment is writable whole. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -115,6 +115,25 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 3; i++) {
     CHECK(intact(first[i], sizes[i], (unsigned)i));
     th_free(first[i]);
+  }
+
+  /* An explicit heap's blocks, small and huge, the same way; destroyed, its segments go to the cache whole. */
+  th_heap_t *eh = th_heap_create(TH_HEAP_NO_SERIALIZE, 0, 0);
+  if (CHECK(eh != NULL)) {
+    static const size_t esizes[] = {100, 2000000};
+    unsigned char *e[2];
+    for (int i = 0; i < 2; i++) {
+      e[i] = th_heap_malloc(eh, esizes[i]);
+      if (!CHECK(e[i] != NULL)) break;
+      fill(e[i], esizes[i], 20u + (unsigned)i);
+      uintptr_t seg = (uintptr_t)e[i] & ~(uintptr_t)(SEGMENT - 1);
+      size_t w = writable_in(seg, seg + SEGMENT), end = (uintptr_t)e[i] + esizes[i] - seg;
+      printf("an explicit heap's block of %zu bytes: its segment writable for %zu KiB\n", esizes[i], w / KiB);
+      if (eager) CHECK(w == SEGMENT);
+      else CHECK_MSG(w >= end && w <= (end < 320 * KiB ? 320 * KiB : end + 256 * KiB), "%zu KiB writable", w / KiB);
+      CHECK(intact(e[i], esizes[i], 20u + (unsigned)i));
+    }
+    th_heap_destroy(eh);
   }
 
   /* A huge block fresh from the OS: writable to its end only, through realloc's growth within its segment,
