@@ -169,8 +169,8 @@ void options_init(void) {
   /* Who frees whose memory costs the remote free path a call (docs/design.md): counted by default only where
    * someone will look, with the live export or the statistics at exit. */
   if (th_options.remote_pairs < 0) th_options.remote_pairs = th_options.stats_interval > 0 || th_options.show_stats;
-  /* Under strict overcommit a thread heap's segments are charged as their pages are carved, not whole
-   * (segment.c, "lazy commit"). */
+  /* Under strict overcommit segments are charged as their pages are carved, not whole (segment.c, "lazy
+   * commit"). */
   if (th_options.lazy_commit < 0) th_options.lazy_commit = os_overcommit_strict();
   options_read = os_environment_known();
 }

@@ -215,8 +215,10 @@ typedef struct th_page_queue_s {
  *     in pages and neither secure nor sampled; &th_page_map_slow's offset while it is one of those; else 0
  *   heap == the owner heap; NULL when abandoned or cached, and for huge blocks of thread heaps
  *   kind != TH_KIND_HUGE  =>  [segment, segment + commit_end) is writable, the rest has no access, and every
- *     carved block lies below commit_end (lazy commit, segment.c); a cached segment with commit_end < size
- *     is never merged, split or gathered */
+ *     carved block lies below commit_end (lazy commit, segment.c)
+ *   is_lazy  =>  a huge block's segment writable from its start to the block's end rounded up to 256 KiB
+ *     (huge.c's lazy_end), the rest with no access
+ *   in_cache  =>  writable whole (commit_end == size for one last laid out in pages; is_lazy == 0) */
 struct th_segment_s {
   size_t size;               /* mapped bytes */
   uint8_t kind;              /* th_kind_t */
@@ -264,8 +266,8 @@ struct th_segment_s {
    * while the segment is cached, so that a segment taken again for the same layout needs no mprotect;
    * read by segment_init before it clears the header. */
   uint8_t guards;
-  /* huge, made under lazy commit (huge.c): writable only to the block's end (huge_committed), the rest with
-   * no access; unmapped when released, never cached. */
+  /* huge, made under lazy commit (huge.c): writable only to about the block's end (lazy_end of huge_committed),
+   * the rest with no access; made writable whole when released into the cache. */
   uint8_t is_lazy;
   _Atomic(int) huge_live;    /* huge: 1 while the block is allocated; the exchange to 0 catches double frees */
   size_t guard_end;

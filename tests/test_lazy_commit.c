@@ -1,5 +1,5 @@
 /* test_lazy_commit.c: with lazy commit (THREADHEAP_LAZY_COMMIT=1, the default under strict overcommit), a
- * thread heap's segment is writable only as far as its pages have been carved, so that strict overcommit
+ * heap's segment is writable only as far as its pages have been carved, so that strict overcommit
  * charges what is used rather than 4 MiB a segment (src/segment.c, "lazy commit").
  *
  * Read from /proc/self/maps: the writable bytes of the segment (4 MiB, aligned) that holds a block. One small,
