@@ -19,8 +19,8 @@ void *os_map_aligned(size_t size, size_t align);
 /* The same, but reserved with no access: each range is made read-write (os_make_writable) before it is
  * written. Strict overcommit charges only those ranges (segment_map_new's lazy commit). */
 void *os_reserve_aligned(size_t size, size_t align);
-/* The kernel charges every writable private mapping against its commit limit (vm.overcommit_memory = 2),
- * read once by os_init. */
+/* The kernel charges every writable private mapping against its commit limit (vm.overcommit_memory = 2): a
+ * file read, for options_init when THREADHEAP_LAZY_COMMIT is not set. */
 bool os_overcommit_strict(void);
 /* Reserve address space only (no access); NULL on failure. */
 void *os_reserve(size_t size);

@@ -40,13 +40,9 @@ static inline uint64_t clock_ns(void) {
     r_;                                               \
   })
 
-static bool overcommit_strict;
-
 void os_init(void) {
   long ps = sysconf(_SC_PAGESIZE);
   if (ps > 0) page_size = (size_t)ps;
-  char mode[4] = {0};
-  overcommit_strict = os_read_file("/proc/sys/vm/overcommit_memory", mode, sizeof mode - 1) > 0 && mode[0] == '2';
 }
 
 size_t os_page_size(void) { return page_size; }
@@ -90,7 +86,10 @@ void *os_map_aligned(size_t size, size_t align) { return map_aligned(size, align
 
 void *os_reserve_aligned(size_t size, size_t align) { return map_aligned(size, align, PROT_NONE); }
 
-bool os_overcommit_strict(void) { return overcommit_strict; }
+bool os_overcommit_strict(void) {
+  char mode[4] = {0};
+  return os_read_file("/proc/sys/vm/overcommit_memory", mode, sizeof mode - 1) > 0 && mode[0] == '2';
+}
 
 void *os_reserve(size_t size) {
   void *p = TIMED(mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
