@@ -93,13 +93,12 @@ bool page_extend(th_heap_t *heap, th_page_t *page) {
   size_t n = (span + bsize - 1) / bsize; /* the blocks that start within span: at least one */
   if (n > page->reserved - page->capacity) n = page->reserved - page->capacity;
   if (n == 0) return false;
+  uint8_t *end = first + n * bsize;
   /* A segment mapped lazily (segment.c) is made writable through the carve first. */
   th_segment_t *seg = segment_of_page(page);
-  if (th_unlikely((size_t)(first + n * bsize - (uint8_t *)seg) > seg->commit_end) &&
-      !segment_commit(seg, first + n * bsize))
-    return false;
+  if (th_unlikely((size_t)(end - (uint8_t *)seg) > seg->commit_end) && !segment_commit(seg, end)) return false;
   uintptr_t base = (uintptr_t)page->start & ~(uintptr_t)(ps - 1);
-  size_t committed = align_up((uintptr_t)first + n * bsize - base, ps);
+  size_t committed = align_up((uintptr_t)end - base, ps);
   if (th_unlikely(heap->max_size != 0) && committed > page->committed) {
     /* A capped heap commits page by page: carve one block if a whole batch would pass the cap. */
     size_t room = heap->max_size - heap_committed(heap);
