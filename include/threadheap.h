@@ -124,6 +124,10 @@ typedef struct th_stats_s {
    * the block's segment, or by mremap), moved by the kernel (mremap), and the bytes neither had to copy (the
    * old block's size), total. */
   size_t remaps_in_place, remaps_moved, remap_bytes_not_copied;
+  /* Free small page slots that thread heaps lend each other: in the pool now (committed or purged); pages
+   * a heap took from another heap's slots (and pages of exited threads it took over), total; pages whose
+   * borrower exited with blocks in them, total. */
+  size_t pool_slots, pages_borrowed, pages_orphaned;
 } th_stats_t;
 
 TH_API void th_stats_get(th_stats_t *out);

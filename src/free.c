@@ -135,7 +135,7 @@ static inline void free_remote_push(th_page_t *page, th_block_t *b) {
  * free_checked uncounted. */
 TH_COLD static void free_remote_count_pair(th_page_t *page, th_block_t *b) {
   if (page_is_block(page, b) && b->tag != free_tag(b)) {
-    th_heap_t *owner = atomic_load_explicit(&segment_of_page(page)->heap, memory_order_relaxed);
+    th_heap_t *owner = page_heap(page, memory_order_relaxed);
     th_remote_pair_slot_t *last = &th_heap_tls->remote[0];
     if (atomic_load_explicit(&last->owner, memory_order_relaxed) == owner) pairs_count_one(&last->count);
     else pairs_note_owner(owner);
@@ -177,7 +177,7 @@ TH_API TH_HOT void th_free(void *p) {
     /* The free count carried: once every 4,096 frees of the page, and at the first free into a page
      * parked as full. The owner is the thread's default heap or one of its no-serialize explicit heaps. */
     if (th_unlikely(free_push_local(page, b)))
-      heap_free_tick(atomic_load_explicit(&segment_of_page(page)->heap, memory_order_relaxed), page);
+      heap_free_tick(page_heap(page, memory_order_relaxed), page);
     return;
   }
   free_checked(p);
@@ -217,8 +217,8 @@ TH_NOINLINE void free_checked(void *p) {
     secure_free(seg, page, b, p); /* checked, and held back (secure.c) */
   } else if (seg->kind == TH_KIND_HUGE) {
     huge_free(seg, p, TH_OP_FREE);
-  } else if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id()) {
-    th_heap_t *heap = atomic_load_explicit(&seg->heap, memory_order_relaxed);
+  } else if (atomic_load_explicit(&page->owner, memory_order_relaxed) == thread_id()) {
+    th_heap_t *heap = page_heap(page, memory_order_relaxed);
     /* Inside the heap's slow path: no sweeper frees the page while this reads it after the count.
      * A carry is always taken, as on the fast path: it holds 4,096 frees for the counts, and the heap
      * profiler's bound on what the fast paths serve (heap_free_tick also unparks a full page). */
@@ -296,7 +296,7 @@ th_block_t *free_check_block(const void *p, th_op_t op, th_segment_t **seg_out, 
     bool freed;
     if (seg->is_secure) {
       freed = secure_is_free(page, b); /* its lists stay empty: the owner has nothing to walk */
-    } else if (atomic_load_explicit(&seg->thread_id, memory_order_relaxed) == thread_id()) {
+    } else if (atomic_load_explicit(&page->owner, memory_order_relaxed) == thread_id()) {
       page_collect(page); /* the owner may look at all three lists */
       freed = page_list_contains(page, b);
     } else {

@@ -301,7 +301,12 @@ void heap_purge(th_heap_t *heap, bool force) {
       }
     }
   }
+  if (pool_eligible(heap)) segment_take_back_slots(heap, force);
   heap_purge_slots(heap, force ? UINT64_MAX : clock_before(clock, delay));
+  /* What is left committed of the small slots serves every thread heap (pool.c). */
+  bool threads = atomic_load_explicit((_Atomic(size_t) *)&th_stats_global.threads_live, memory_order_relaxed) > 1;
+  if (threads && pool_eligible(heap)) segment_lend_slots(heap);
+  if (heap != &th_heap_empty) pool_round(force ? 0 : delay);
   /* The process-wide cache keeps its own clock even when this heap purges everything (thread exit):
    * other threads' large blocks stay cached. th_collect empties it. */
   segment_cache_purge(false);
@@ -330,7 +335,11 @@ static void heap_sweep_ready(th_heap_t *heap) {
   th_page_t *keep = NULL, *keep_last = NULL;
   while (page) {
     th_page_t *next = page->ready_next;
-    if (page_parked_is_empty(page)) {
+    if (page_parked_is_empty(page) && page_out(page) == TH_OUT_BORROWED) {
+      heap_queue_remove(heap, &heap->full, page);
+      page_discard_free(page);
+      pool_return(heap, page); /* another heap's slot: the pool's from here on */
+    } else if (page_parked_is_empty(page)) {
       heap_queue_remove(heap, &heap->full, page);
       page_discard_free(page);
       segment_page_free_kept(heap, page);
@@ -372,10 +381,15 @@ void heap_sweep(th_heap_t *heap, uint64_t now) {
     for (th_page_t *page = first->next, *next; page; page = next) {
       next = page->next;
       if (!page_is_empty(page)) continue;
-      if (__atomic_load_n(&page->used_word, __ATOMIC_RELAXED) == 0) carried = true;
+      bool carry = __atomic_load_n(&page->used_word, __ATOMIC_RELAXED) == 0;
+      carried |= carry;
+      /* A borrowed page goes back to the pool, where another heap may take it at once: not while the owner's
+       * carry may still read its heap (page_heap, in th_free after the count). */
+      bool borrowed = page_out(page) == TH_OUT_BORROWED;
+      if (borrowed && carry) continue;
       bool handed_away = page_owner_frees(page) == 0 && !page->owner_freed; /* no free of the owner's */
       page_free_empty_as(heap, page, true);
-      if (handed_away && page->purge_pending) slot_purge(heap, page);
+      if (!borrowed && handed_away && page->purge_pending) slot_purge(heap, page);
       heap->sweep_kept = true;
     }
   }
@@ -417,6 +431,16 @@ void heap_exit(th_heap_t *heap) {
   if (th_unlikely(heap->sampler != NULL)) profile_settle_all(heap);
   heap_release_swept(heap);
   heap_collect_remote(heap);
+  segment_take_back_slots(heap, true); /* its slots in the pool, before its segments are abandoned */
+  /* Borrowed pages still holding blocks stay in the pool until other threads' frees empty them. */
+  for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
+    for (th_page_t *page = heap->queues[c].first, *next; page; page = next) {
+      next = page->next;
+      if (page_out(page) != TH_OUT_BORROWED) continue;
+      heap_queue_remove(heap, &heap->queues[c], page);
+      pool_orphan(heap, page);
+    }
+  }
   heap_purge_slots(heap, clock_before(heap_clock(heap, os_now_ms()), (uint64_t)th_options.purge_delay / 8));
   while (heap->purge.first) {
     th_page_t *page = heap->purge.first;
@@ -481,6 +505,12 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
       return page;
     }
     if (tried_adopt || heap_is_explicit(heap)) break; /* explicit heaps own only what they allocated */
+    /* A page of the class that an exited thread borrowed and left with blocks in it (pool.c). */
+    th_page_t *orphan = pool_eligible(heap) ? pool_adopt_orphan(heap, c) : NULL;
+    if (orphan != NULL) {
+      heap_page_insert(heap, orphan);
+      continue;
+    }
     tried_adopt = true;
     th_kind_t kind = class_kind(c);
     if (heap->segments[kind] != NULL && heap->segments[kind]->used_pages < heap->segments[kind]->page_count)

@@ -92,6 +92,19 @@ void heap_free_local(th_heap_t *heap, th_page_t *page);
 void heap_free_tick(th_heap_t *heap, th_page_t *page);
 void heap_sweep(th_heap_t *heap, uint64_t now);
 
+/* ---- pool.c: free small page slots that thread heaps lend to each other */
+bool pool_eligible(const th_heap_t *heap);
+th_page_t *pool_borrow(th_heap_t *heap, bool purged);
+void pool_lend(th_page_t *page);
+bool pool_take_back(th_page_t *page, uint64_t now, uint64_t delay, bool force);
+bool pool_is_empty(void);
+void pool_return(th_heap_t *heap, th_page_t *page);
+void pool_orphan(th_heap_t *heap, th_page_t *page);
+th_page_t *pool_adopt_orphan(th_heap_t *heap, size_t c);
+void pool_round(uint64_t delay);
+void pool_lock_all(unsigned level);
+void pool_unlock_all(unsigned level, bool child);
+
 /* ---- sweep.c */
 void sweep_idle_heaps(th_heap_t *self, uint64_t now);
 bool sweep_all_heaps(th_heap_t *self);
@@ -147,6 +160,10 @@ void segment_set_owner(th_segment_t *seg, uintptr_t thread_id);
 void segment_map_set(th_segment_t *seg, size_t size, bool mapped);
 th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind);
 void segment_page_free(th_heap_t *heap, th_page_t *page);
+void segment_lend_slots(th_heap_t *heap);
+void segment_take_back_slots(th_heap_t *heap, bool force);
+/* The process's purge clock: wall time less the pauses of the whole process (segment.c). */
+uint64_t process_clock(void);
 void segment_page_free_kept(th_heap_t *heap, th_page_t *page);
 void segment_release_unused(th_heap_t *heap);
 size_t segment_header_size(size_t page_count, bool secure);
@@ -316,6 +333,7 @@ typedef struct th_options_s {
   long secure;              /* THREADHEAP_SECURE: 1 checks blocks (secure.c), 2 also zeroes them when freed */
   long lazy_commit;         /* THREADHEAP_LAZY_COMMIT: segments made writable as carved; default:
                              * on under strict overcommit (vm.overcommit_memory = 2) */
+  long page_pool;           /* THREADHEAP_PAGE_POOL: thread heaps lend free small page slots (pool.c) */
 } th_options_t;
 extern th_options_t th_options;
 void options_init(void); /* process_init (once), and the library constructor */
@@ -460,6 +478,20 @@ static inline th_page_t *page_map_lookup(const void *p) {
 /* A page descriptor's segment: descriptors live in their segment's header, in its first region. */
 static inline th_segment_t *segment_of_page(const th_page_t *page) {
   return (th_segment_t *)((uintptr_t)page & ~(uintptr_t)(TH_SEGMENT_SIZE - 1));
+}
+
+/* A small segment's borrower table, after its page descriptors: the heap each page is lent to (pool.c). */
+static inline th_heap_t **page_borrower(const th_page_t *page) {
+  th_segment_t *seg = segment_of_page(page);
+  return (th_heap_t **)(void *)(seg->pages + seg->page_count) + (page - seg->pages);
+}
+static inline uint8_t page_out(const th_page_t *page) { return __atomic_load_n(&page->out, __ATOMIC_RELAXED); }
+
+/* The heap whose blocks the page holds: its borrower's while lent out (NULL once its borrower exited), else
+ * its segment's. */
+static inline th_heap_t *page_heap(const th_page_t *page, memory_order order) {
+  if (th_unlikely(page_out(page) != TH_OUT_HOME)) return *page_borrower(page);
+  return atomic_load_explicit(&segment_of_page(page)->heap, order);
 }
 
 /* Pages first..last (linked by ready_next) onto the heap's ready stack, which any thread may push to and only

@@ -32,6 +32,7 @@ th_options_t th_options = {
     .leaks = 0,
     .secure = TH_SECURE_DEFAULT,
     .lazy_commit = -1,
+    .page_pool = 1,
 };
 
 typedef struct option_desc_s {
@@ -59,6 +60,7 @@ static const option_desc_t option_table[] = {
     {"THREADHEAP_LEAKS", &th_options.leaks, 0, 1, false, NULL},
     {"THREADHEAP_SECURE", &th_options.secure, 0, 2, false, NULL},
     {"THREADHEAP_LAZY_COMMIT", &th_options.lazy_commit, 0, 1, false, NULL},
+    {"THREADHEAP_PAGE_POOL", &th_options.page_pool, 0, 1, false, NULL},
 };
 
 /* Copies of the text options: the program may later rewrite its environment (setproctitle does). */

@@ -170,7 +170,7 @@ size_t page_collect(th_page_t *page) {
   th_assert(page_used(page) >= n);
   page->used_word -= (uint32_t)n;
   stats_add_remote(n);
-  th_heap_t *heap = atomic_load_explicit(&segment_of_page(page)->heap, memory_order_relaxed);
+  th_heap_t *heap = page_heap(page, memory_order_relaxed);
   if (heap) heap_count_frees(heap, page->class_idx, n);
   return n;
 }
@@ -203,7 +203,7 @@ void page_discard_free(th_page_t *page) {
   page->used_word &= ~TH_USED_MASK;
   page->free = page->local_free = NULL;
   stats_add_remote(n);
-  th_heap_t *heap = atomic_load_explicit(&segment_of_page(page)->heap, memory_order_relaxed);
+  th_heap_t *heap = page_heap(page, memory_order_relaxed);
   if (heap) heap_count_frees(heap, page->class_idx, n);
 }
 
@@ -250,7 +250,7 @@ void page_push_remote_chain(th_page_t *page, th_block_t *head, th_block_t *tail,
                                                  memory_order_acq_rel, memory_order_relaxed))
         continue;
       /* While FREEING, the owner cannot abandon the heap (page_clear_delay waits), so heap stays valid. */
-      th_heap_t *heap = atomic_load_explicit(&segment_of_page(page)->heap, memory_order_acquire);
+      th_heap_t *heap = page_heap(page, memory_order_acquire);
       heap_ready_push(heap, page, page);
       tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
       do {

@@ -37,7 +37,7 @@ void process_clock_round(uint64_t now, uint64_t round, bool ran) {
 /* With a pause in progress taken out, as heap_clock does: a segment cached in a pause, before the round that
  * counts it, is stamped with the time that round will read (a stamp ahead of the clock after it kept the
  * segment for the pause's length of the program's running time). */
-static uint64_t process_clock(void) {
+uint64_t process_clock(void) {
   uint64_t now = os_now_ms(), round = purge_round_ms((uint64_t)th_options.purge_delay);
   uint64_t pending = pause_since(atomic_load_explicit(&process_last_round_ms, memory_order_relaxed), now, round);
   return now - atomic_load_explicit(&process_paused_ms, memory_order_relaxed) - pending;
@@ -168,7 +168,8 @@ static void page_map_update(const th_segment_t *seg, size_t size, bool paged) {
 /* The owner of a segment and of each of its pages (th_free reads it from the page). */
 void segment_set_owner(th_segment_t *seg, uintptr_t thread_id) {
   for (uint32_t i = 0; i < seg->page_count; i++)
-    atomic_store_explicit(&seg->pages[i].owner, thread_id, memory_order_relaxed);
+    if (page_out(&seg->pages[i]) == TH_OUT_HOME) /* a slot out is the pool's, or its borrower's (pool.c) */
+      atomic_store_explicit(&seg->pages[i].owner, thread_id, memory_order_relaxed);
   atomic_store_explicit(&seg->thread_id, thread_id, memory_order_release);
 }
 
@@ -210,8 +211,10 @@ static void segment_set_sampled(th_segment_t *seg, bool sampled) {
 
 /* The segment struct and its page descriptors. A secure segment's header ends on an OS page boundary with a
  * guard page (secure.c): a write just past the metadata, or just before page 0's blocks, faults. */
+static size_t borrower_table_size(size_t page_count) { return page_count > 1 ? page_count * sizeof(th_heap_t *) : 0; }
+
 size_t segment_header_size(size_t page_count, bool secure) {
-  size_t meta = sizeof(th_segment_t) + page_count * sizeof(th_page_t);
+  size_t meta = sizeof(th_segment_t) + page_count * sizeof(th_page_t) + borrower_table_size(page_count);
   return secure ? align_up(meta, os_page_size()) + os_page_size() : align_up(meta, 256);
 }
 
@@ -484,7 +487,7 @@ void segment_init(th_segment_t *seg, size_t size, th_kind_t kind, bool untouched
     guard_end = 0;
   }
   vg_defined(seg, size); /* under valgrind: a reused segment's freed blocks were no-access */
-  memset(seg, 0, sizeof(th_segment_t) + pages * sizeof(th_page_t));
+  memset(seg, 0, sizeof(th_segment_t) + pages * sizeof(th_page_t) + borrower_table_size(pages));
   seg->size = size;
   seg->commit_end = size; /* writable whole (segment_map_new narrows a lazy one's; huge_committed for huge) */
   seg->kind = (uint8_t)kind;
@@ -661,8 +664,38 @@ static void heap_segment_own(th_heap_t *heap, th_segment_t *seg) {
   heap_segment_link_front(heap, seg);
 }
 
+/* A free slot of the segment, a committed one if it has one; NULL when none is free. */
+static th_page_t *segment_free_slot(th_segment_t *seg) {
+  th_page_t *page = NULL;
+  for (size_t i = 0; i < seg->page_count; i++) {
+    th_page_t *p = &seg->pages[i];
+    if (page_out(p) != TH_OUT_HOME || p->in_use) continue; /* (a borrower writes in_use of a slot out) */
+    if (!p->is_purged) return p;
+    if (page == NULL) page = p;
+  }
+  return page;
+}
+
 th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind) {
   th_segment_t *seg = heap->segments[kind];
+  bool pool = kind == TH_KIND_SMALL && pool_eligible(heap);
+  if (pool) {
+    /* The pool's committed slots come before a slot that faults in or a new segment, its purged ones
+     * before a new segment. */
+    th_page_t *own = seg != NULL && seg->used_pages < seg->page_count ? segment_free_slot(seg) : NULL;
+    if (own == NULL || own->is_purged) {
+      th_page_t *p = NULL;
+      for (p = heap->purge.first; p; p = p->next)
+        if (segment_of_page(p)->kind == kind) break;
+      if (p == NULL) {
+        p = pool_borrow(heap, own == NULL);
+        if (p != NULL) {
+          p->in_use = 1;
+          return p;
+        }
+      }
+    }
+  }
   if (seg == NULL || seg->used_pages == seg->page_count) {
     if (heap->reserve != NULL) { /* an explicit heap's committed, touched initial memory comes first */
       seg = heap->reserve;
@@ -679,16 +712,7 @@ th_page_t *segment_page_alloc(th_heap_t *heap, th_kind_t kind) {
     heap_segment_own(heap, seg);
   }
   /* Prefer a slot whose memory is still committed: it takes no page faults. */
-  th_page_t *page = NULL;
-  for (size_t i = 0; i < seg->page_count; i++) {
-    th_page_t *p = &seg->pages[i];
-    if (p->in_use) continue;
-    if (!p->is_purged) {
-      page = p;
-      break;
-    }
-    if (page == NULL) page = p;
-  }
+  th_page_t *page = segment_free_slot(seg);
   th_assert(page != NULL);
   if (page->is_purged) {
     /* None in this segment: the oldest committed slot of the kind in another of the heap's segments, which
@@ -732,6 +756,10 @@ static void segment_leave_heap(th_heap_t *heap, th_segment_t *seg) {
 static void page_slot_free(th_heap_t *heap, th_page_t *page, bool release_unused) {
   th_segment_t *seg = segment_of_page(page);
   th_assert(page->in_use && page_used(page) == 0);
+  if (page_out(page) == TH_OUT_BORROWED) { /* another heap's slot: back to the pool */
+    pool_return(heap, page);
+    return;
+  }
   if (page->class_idx != 0 && !page->in_full) heap_count_frees(heap, page->class_idx, page_owner_frees(page));
   heap->stat.committed -= page->committed;
   stats_committed(-(long)page->committed);
@@ -754,6 +782,49 @@ static void page_slot_free(th_heap_t *heap, th_page_t *page, bool release_unused
 }
 
 void segment_page_free(th_heap_t *heap, th_page_t *page) { page_slot_free(heap, page, true); }
+
+/* The heap's slots that waited in the pool for the purge delay (every one with force) come back as free
+ * slots: purged already, or on the purge queue stamped when they were lent; a segment left with no page in
+ * use leaves the heap. Owner only. */
+void segment_take_back_slots(th_heap_t *heap, bool force) {
+  if (pool_is_empty()) return;
+  uint64_t now = process_clock();
+  uint64_t delay = (uint64_t)th_options.purge_delay;
+  for (th_segment_t *seg = heap->segments[TH_KIND_SMALL], *next; seg; seg = next) {
+    next = seg->next;
+    for (size_t i = 0; i < seg->page_count; i++) {
+      th_page_t *page = &seg->pages[i];
+      if (page_out(page) != TH_OUT_LENT || !pool_take_back(page, now, delay, force)) continue;
+      bool was_full = seg->used_pages == seg->page_count;
+      if (--seg->used_pages == 0) {
+        segment_leave_heap(heap, seg);
+        break;
+      }
+      if (was_full) {
+        heap_segment_unlink(heap, seg);
+        heap_segment_link_front(heap, seg);
+      }
+      if (!page->is_purged) { /* waited the delay: purged this round; with force (thread exit) kept for the adopter */
+        page->free_since_ms = force ? heap_clock(heap, os_now_ms()) : 1;
+        page->purge_pending = 1;
+        heap_queue_push_front(heap, &heap->purge, page);
+      }
+    }
+  }
+}
+
+/* The heap's free committed small slots go to the pool (pool.c), counted in use by their segments while out. */
+void segment_lend_slots(th_heap_t *heap) {
+  for (th_page_t *page = heap->purge.first, *next; page; page = next) {
+    next = page->next;
+    th_segment_t *seg = segment_of_page(page);
+    if (seg->kind != TH_KIND_SMALL || page->is_purged) continue;
+    heap_queue_remove(heap, &heap->purge, page);
+    page->purge_pending = 0;
+    if (++seg->used_pages == seg->page_count) heap_segment_move_back(heap, seg);
+    pool_lend(page);
+  }
+}
 
 /* A sweeper's free (heap_sweep): the segment stays with its heap even with no page in use, since the owner
  * may still be writing its last free into the page (a free counts first, then pushes), which must not land
@@ -837,7 +908,7 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind, uint64_t min_age_ms) {
    * slots behind it waiting at most one delay more. */
   for (size_t i = seg->is_pinned ? 0 : seg->page_count; i-- > 0;) { /* (a pinned one's slots stay committed) */
     th_page_t *page = &seg->pages[i];
-    if (page->in_use || page->is_purged || page->purge_pending) continue;
+    if (page_out(page) != TH_OUT_HOME || page->in_use || page->is_purged || page->purge_pending) continue;
     /* Wall time (heap_exit) to this heap's clock: a slot freed before this heap's pauses looks older. */
     uint64_t freed = page->free_since_ms, wall = os_now_ms();
     if (freed == 0 || freed > wall) freed = wall;
@@ -847,7 +918,7 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind, uint64_t min_age_ms) {
   }
   for (size_t i = 0; i < seg->page_count; i++) {
     th_page_t *page = &seg->pages[i];
-    if (!page->in_use) continue;
+    if (page_out(page) != TH_OUT_HOME || !page->in_use) continue;
     if (page->in_full) page->used_word &= TH_USED_MASK; /* its count was folded when it was parked */
     page->in_full = 0;
     page_clear_delay(page);
@@ -870,9 +941,11 @@ bool segment_try_adopt(th_heap_t *heap, th_kind_t kind, uint64_t min_age_ms) {
 void segment_lock_all(unsigned level) {
   thread_lock_for_fork(&abandoned_lock, level);
   thread_lock_for_fork(&cache_lock, level);
+  pool_lock_all(level);
 }
 
 void segment_unlock_all(unsigned level, bool child) {
+  pool_unlock_all(level, child);
   thread_unlock_after_fork(&cache_lock, level, child);
   thread_unlock_after_fork(&abandoned_lock, level, child);
 }

@@ -172,6 +172,9 @@ typedef struct th_page_s {
    * though the count may read 0 (it wrapped, or the free that unparked the page reset it). heap_sweep tells
    * a page the owner worked in from one whose blocks all came back by other threads' frees. */
   uint8_t owner_freed : 1;
+  /* Where the slot is (pool.c), for a small page of a thread heap's segment: TH_OUT_HOME in its segment's heap,
+   * or out of it. Written under the pool's lock only, read there, and by the page's current owner. */
+  uint8_t out;
   _Atomic(uintptr_t) thread_free;  /* remote frees: a block stack, its length and a state (see TH_TF_*) */
   struct th_page_s *next, *prev;   /* heap queue, full queue or purge queue */
   struct th_page_s *ready_next;    /* link on heap->ready (pushed by a remote thread) */
@@ -201,6 +204,14 @@ typedef struct th_page_s {
 /* 128 bytes: a power-of-two size turns the page lookup into a shift. */
 _Static_assert(sizeof(th_page_t) == 128, "th_page_t is 128 bytes");
 
+/* th_page_t.out: a small page slot lent by its segment's heap to the process's pool (pool.c). */
+enum {
+  TH_OUT_HOME = 0,     /* the segment's heap's, like any other slot */
+  TH_OUT_LENT = 1,     /* a free slot in the pool, still counted in its segment's used_pages */
+  TH_OUT_BORROWED = 2, /* in use by another thread heap (segment's borrower table names it) */
+  TH_OUT_ORPHAN = 3,   /* its borrower exited with blocks in it: waits in the pool until they come back */
+};
+
 typedef struct th_page_queue_s {
   th_page_t *first, *last;
 } th_page_queue_t;
@@ -208,9 +219,12 @@ typedef struct th_page_queue_s {
 /* Invariants:
  *   (uintptr_t)segment % TH_SEGMENT_SIZE == 0;  size % TH_SEGMENT_SIZE == 0
  *   map[(segment >> TH_SEGMENT_SHIFT) + i] == segment  for every i < size / TH_SEGMENT_SIZE while mapped
- *   used_pages == count of pages[i].in_use
+ *   used_pages == count of pages[i].in_use + count of pages[i].out == TH_OUT_LENT  (a slot out of its heap
+ *     keeps the segment: pool.c)
  *   thread_id == heap->thread_id when owned by a heap; 0 when abandoned, cached or huge
- *   pages[i].owner == thread_id  for every i < page_count (segment_set_owner writes them together)
+ *   pages[i].owner == thread_id  for every i < page_count with out == TH_OUT_HOME (segment_set_owner writes
+ *     them together); a borrowed page's owner is its borrower's thread, a lent slot's and an orphan's 0
+ *   the borrower table after pages[] (small segments): the borrowing heap of each page with out == BORROWED
  *   page map words for [segment, segment + size) (segment.c): its pages' descriptors while it is laid out
  *     in pages and neither secure nor sampled; &th_page_map_slow's offset while it is one of those; else 0
  *   heap == the owner heap; NULL when abandoned or cached, and for huge blocks of thread heaps
