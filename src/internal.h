@@ -480,17 +480,19 @@ static inline th_segment_t *segment_of_page(const th_page_t *page) {
   return (th_segment_t *)((uintptr_t)page & ~(uintptr_t)(TH_SEGMENT_SIZE - 1));
 }
 
-/* A small segment's borrower table, after its page descriptors: the heap each page is lent to (pool.c). */
-static inline th_heap_t **page_borrower(const th_page_t *page) {
+/* A small segment's borrower table, after its page descriptors: the heap each page is lent to (pool.c).
+ * Atomic: another thread's remote free reads it (page_heap) while the borrower may be exiting, as it reads
+ * a segment's heap while its owner abandons it. */
+static inline _Atomic(th_heap_t *) *page_borrower(const th_page_t *page) {
   th_segment_t *seg = segment_of_page(page);
-  return (th_heap_t **)(void *)(seg->pages + seg->page_count) + (page - seg->pages);
+  return (_Atomic(th_heap_t *) *)(void *)(seg->pages + seg->page_count) + (page - seg->pages);
 }
 static inline uint8_t page_out(const th_page_t *page) { return __atomic_load_n(&page->out, __ATOMIC_RELAXED); }
 
 /* The heap whose blocks the page holds: its borrower's while lent out (NULL once its borrower exited), else
  * its segment's. */
 static inline th_heap_t *page_heap(const th_page_t *page, memory_order order) {
-  if (th_unlikely(page_out(page) != TH_OUT_HOME)) return *page_borrower(page);
+  if (th_unlikely(page_out(page) != TH_OUT_HOME)) return atomic_load_explicit(page_borrower(page), order);
   return atomic_load_explicit(&segment_of_page(page)->heap, order);
 }
 

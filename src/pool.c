@@ -83,7 +83,7 @@ th_page_t *pool_borrow(th_heap_t *heap, bool purged) {
     if (atomic_load_explicit(&seg->heap, memory_order_relaxed) == heap) {
       __atomic_store_n(&page->out, TH_OUT_HOME, __ATOMIC_RELAXED);
     } else {
-      *page_borrower(page) = heap;
+      atomic_store_explicit(page_borrower(page), heap, memory_order_relaxed);
       __atomic_store_n(&page->out, TH_OUT_BORROWED, __ATOMIC_RELAXED);
       stats_count(&th_stats_global.pages_borrowed);
     }
@@ -129,7 +129,7 @@ void pool_return(th_heap_t *heap, th_page_t *page) {
   stats_committed(-(long)page->committed);
   page->committed = 0;
   page_forget(page);
-  *page_borrower(page) = NULL;
+  atomic_store_explicit(page_borrower(page), NULL, memory_order_relaxed);
   pool_lend(page);
 }
 
@@ -140,7 +140,7 @@ void pool_orphan(th_heap_t *heap, th_page_t *page) {
   if (page->class_idx != 0 && !page->in_full) heap_count_frees(heap, page->class_idx, page_owner_frees(page));
   page->used_word &= TH_USED_MASK;
   atomic_store_explicit(&page->owner, 0, memory_order_relaxed);
-  *page_borrower(page) = NULL;
+  atomic_store_explicit(page_borrower(page), NULL, memory_order_relaxed);
   __atomic_store_n(&page->out, TH_OUT_ORPHAN, __ATOMIC_RELAXED);
   atomic_fetch_add_explicit(&orphan_count, 1, memory_order_relaxed);
   stats_count(&th_stats_global.pages_orphaned);
@@ -163,7 +163,7 @@ th_page_t *pool_adopt_orphan(th_heap_t *heap, size_t c) {
     if (atomic_load_explicit(&segment_of_page(page)->heap, memory_order_relaxed) == heap) {
       __atomic_store_n(&page->out, TH_OUT_HOME, __ATOMIC_RELAXED);
     } else {
-      *page_borrower(page) = heap;
+      atomic_store_explicit(page_borrower(page), heap, memory_order_relaxed);
       __atomic_store_n(&page->out, TH_OUT_BORROWED, __ATOMIC_RELAXED);
       stats_count(&th_stats_global.pages_borrowed);
     }
