@@ -211,14 +211,7 @@ static inline uint64_t clock_before(uint64_t now, uint64_t age) { return now > a
 static void slot_purge(th_heap_t *heap, th_page_t *page) {
   heap_queue_remove(heap, &heap->purge, page);
   page->purge_pending = 0;
-  th_segment_t *seg = segment_of_page(page);
-  size_t size;
-  uint8_t *area = page_area(seg, (size_t)(page - seg->pages), &size);
-  size_t ps = os_page_size();
-  uintptr_t lo = align_up((uintptr_t)area, ps), hi = ((uintptr_t)area + size) & ~(uintptr_t)(ps - 1);
-  if (hi > lo) os_purge((void *)lo, hi - lo);
-  page->is_purged = 1;
-  page->is_zero = lo == (uintptr_t)area && hi == (uintptr_t)area + size;
+  page_purge_slot(page);
 }
 
 /* The free page slots on the purge queue (oldest first) stamped at or before upto (heap_clock) are returned

@@ -131,6 +131,7 @@ void page_push_remote_chain(th_page_t *page, th_block_t *head, th_block_t *tail,
 bool page_list_contains(const th_page_t *page, const th_block_t *block);
 void page_purge_free_blocks(th_page_t *page);
 void page_purge_tail(th_page_t *page);
+void page_purge_slot(th_page_t *page);
 uint8_t *page_area(const th_segment_t *seg, size_t index, size_t *size_out);
 bool page_is_valid(const th_page_t *page);
 

@@ -303,6 +303,18 @@ void page_purge_tail(th_page_t *page) {
   if (hi > lo) os_purge((void *)lo, hi - lo);
 }
 
+/* A free page slot's memory back to the OS, whole OS pages of it: is_zero when that was all of it. */
+void page_purge_slot(th_page_t *page) {
+  th_segment_t *seg = segment_of_page(page);
+  size_t size;
+  uint8_t *area = page_area(seg, (size_t)(page - seg->pages), &size);
+  size_t ps = os_page_size();
+  uintptr_t lo = align_up((uintptr_t)area, ps), hi = ((uintptr_t)area + size) & ~(uintptr_t)(ps - 1);
+  if (hi > lo) os_purge((void *)lo, hi - lo);
+  page->is_purged = 1;
+  page->is_zero = lo == (uintptr_t)area && hi == (uintptr_t)area + size;
+}
+
 /* Is block on the page's free or local_free list? Owner only; the caller collects thread_free first. */
 bool page_list_contains(const th_page_t *page, const th_block_t *block) {
   for (const th_block_t *b = page->free; b; b = b->next)

@@ -203,14 +203,7 @@ void pool_round(uint64_t delay) {
   while (pool_fresh.last && clock_waited(now, pool_fresh.last->free_since_ms, delay)) {
     th_page_t *page = pool_fresh.last;
     queue_remove(&pool_fresh, page);
-    th_segment_t *seg = segment_of_page(page);
-    size_t size;
-    uint8_t *area = page_area(seg, (size_t)(page - seg->pages), &size);
-    size_t ps = os_page_size();
-    uintptr_t lo = align_up((uintptr_t)area, ps), hi = ((uintptr_t)area + size) & ~(uintptr_t)(ps - 1);
-    if (hi > lo) os_purge((void *)lo, hi - lo);
-    page->is_purged = 1;
-    page->is_zero = lo == (uintptr_t)area && hi == (uintptr_t)area + size;
+    page_purge_slot(page);
     queue_push_front(&pool_purged, page);
   }
   th_unlock(&pool_lock);
