@@ -68,6 +68,18 @@ static void incoming_take(void) {
   }
 }
 
+/* Under pool_lock: the page out of the pool is heap's now, home if its segment is heap's, else borrowed. */
+static void hand_to(th_heap_t *heap, th_page_t *page) {
+  if (atomic_load_explicit(&segment_of_page(page)->heap, memory_order_relaxed) == heap) {
+    __atomic_store_n(&page->out, TH_OUT_HOME, __ATOMIC_RELAXED);
+  } else {
+    atomic_store_explicit(page_borrower(page), heap, memory_order_relaxed);
+    __atomic_store_n(&page->out, TH_OUT_BORROWED, __ATOMIC_RELAXED);
+    stats_count(&th_stats_global.pages_borrowed);
+  }
+  atomic_store_explicit(&page->owner, heap->thread_id, memory_order_relaxed);
+}
+
 /* A slot for heap: committed, or (purged) any; NULL when the pool has none. Its segment counts it in use
  * already: the caller marks it in use and does not count it again. */
 th_page_t *pool_borrow(th_heap_t *heap, bool purged) {
@@ -79,15 +91,7 @@ th_page_t *pool_borrow(th_heap_t *heap, bool purged) {
   if (page) {
     queue_remove(q, page);
     atomic_fetch_sub_explicit(pool_free, 1, memory_order_relaxed);
-    th_segment_t *seg = segment_of_page(page);
-    if (atomic_load_explicit(&seg->heap, memory_order_relaxed) == heap) {
-      __atomic_store_n(&page->out, TH_OUT_HOME, __ATOMIC_RELAXED);
-    } else {
-      atomic_store_explicit(page_borrower(page), heap, memory_order_relaxed);
-      __atomic_store_n(&page->out, TH_OUT_BORROWED, __ATOMIC_RELAXED);
-      stats_count(&th_stats_global.pages_borrowed);
-    }
-    atomic_store_explicit(&page->owner, heap->thread_id, memory_order_relaxed);
+    hand_to(heap, page);
   }
   th_unlock(&pool_lock);
   return page;
@@ -160,14 +164,7 @@ th_page_t *pool_adopt_orphan(th_heap_t *heap, size_t c) {
     *link = page->next;
     page->next = NULL;
     atomic_fetch_sub_explicit(&orphan_count, 1, memory_order_relaxed);
-    if (atomic_load_explicit(&segment_of_page(page)->heap, memory_order_relaxed) == heap) {
-      __atomic_store_n(&page->out, TH_OUT_HOME, __ATOMIC_RELAXED);
-    } else {
-      atomic_store_explicit(page_borrower(page), heap, memory_order_relaxed);
-      __atomic_store_n(&page->out, TH_OUT_BORROWED, __ATOMIC_RELAXED);
-      stats_count(&th_stats_global.pages_borrowed);
-    }
-    atomic_store_explicit(&page->owner, heap->thread_id, memory_order_relaxed);
+    hand_to(heap, page);
     break;
   }
   th_unlock(&pool_lock);
