@@ -328,17 +328,16 @@ static void heap_sweep_ready(th_heap_t *heap) {
   th_page_t *keep = NULL, *keep_last = NULL;
   while (page) {
     th_page_t *next = page->ready_next;
-    if (page_parked_is_empty(page) && page_out(page) == TH_OUT_BORROWED) {
-      heap_queue_remove(heap, &heap->full, page);
-      page_discard_free(page);
-      pool_return(heap, page); /* another heap's slot: the pool's from here on */
-    } else if (page_parked_is_empty(page)) {
+    if (page_parked_is_empty(page)) {
+      bool borrowed = page_out(page) == TH_OUT_BORROWED; /* the pool's once freed: not touched after */
       heap_queue_remove(heap, &heap->full, page);
       page_discard_free(page);
       segment_page_free_kept(heap, page);
-      if (page->purge_pending) slot_purge(heap, page); /* handed away whole: purged at once (heap_sweep) */
-      page->in_full = 0;
-      heap->sweep_kept = true;
+      if (!borrowed) {
+        if (page->purge_pending) slot_purge(heap, page); /* handed away whole: purged at once (heap_sweep) */
+        page->in_full = 0;
+        heap->sweep_kept = true;
+      }
     } else {
       page->ready_next = keep;
       keep = page;

@@ -98,7 +98,7 @@ th_page_t *pool_borrow(th_heap_t *heap, bool purged);
 void pool_lend(th_page_t *page);
 bool pool_take_back(th_page_t *page, uint64_t now, uint64_t delay, bool force);
 bool pool_is_empty(void);
-void pool_return(th_heap_t *heap, th_page_t *page);
+void pool_return(th_page_t *page);
 void pool_orphan(th_heap_t *heap, th_page_t *page);
 th_page_t *pool_adopt_orphan(th_heap_t *heap, size_t c);
 void pool_round(uint64_t delay);

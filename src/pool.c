@@ -125,14 +125,10 @@ void pool_lend(th_page_t *page) {
   incoming_push(page);
 }
 
-/* A borrowed page emptied: back to the pool (the borrower's counts as page_slot_free keeps them). */
-void pool_return(th_heap_t *heap, th_page_t *page) {
-  if (page->class_idx != 0 && !page->in_full) heap_count_frees(heap, page->class_idx, page_owner_frees(page));
+/* A borrowed page emptied and forgotten by page_slot_free, which kept its borrower's counts: back to the
+ * pool, where another heap may take it at once. */
+void pool_return(th_page_t *page) {
   page->in_full = 0; /* (a sweep returns emptied pages parked as full) */
-  heap->stat.committed -= page->committed;
-  stats_committed(-(long)page->committed);
-  page->committed = 0;
-  page_forget(page);
   atomic_store_explicit(page_borrower(page), NULL, memory_order_relaxed);
   pool_lend(page);
 }

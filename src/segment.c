@@ -756,15 +756,15 @@ static void segment_leave_heap(th_heap_t *heap, th_segment_t *seg) {
 static void page_slot_free(th_heap_t *heap, th_page_t *page, bool release_unused) {
   th_segment_t *seg = segment_of_page(page);
   th_assert(page->in_use && page_used(page) == 0);
-  if (page_out(page) == TH_OUT_BORROWED) { /* another heap's slot: back to the pool */
-    pool_return(heap, page);
-    return;
-  }
   if (page->class_idx != 0 && !page->in_full) heap_count_frees(heap, page->class_idx, page_owner_frees(page));
   heap->stat.committed -= page->committed;
   stats_committed(-(long)page->committed);
   page->committed = 0;
   page_forget(page);
+  if (page_out(page) == TH_OUT_BORROWED) { /* another heap's slot: back to the pool, not touched again */
+    pool_return(page);
+    return;
+  }
   bool was_full = seg->used_pages == seg->page_count;
   if (--seg->used_pages == 0 && release_unused) {
     segment_leave_heap(heap, seg);
