@@ -126,8 +126,9 @@ typedef struct th_stats_s {
   size_t remaps_in_place, remaps_moved, remap_bytes_not_copied;
   /* Free small page slots that thread heaps lend each other: in the pool now (committed or purged); pages
    * a heap took from another heap's slots (and pages of exited threads it took over), total; pages whose
-   * borrower exited with blocks in them, total. */
-  size_t pool_slots, pages_borrowed, pages_orphaned;
+   * borrower exited with blocks in them, total; full pages a heap handed to the pool for other threads'
+   * frees to empty, total. */
+  size_t pool_slots, pages_borrowed, pages_orphaned, pages_handed_off;
 } th_stats_t;
 
 TH_API void th_stats_get(th_stats_t *out);

@@ -27,6 +27,8 @@ static _Atomic(uint64_t) huge_live, paged_in_use;
 static void add(_Atomic(uint64_t) *c, uint64_t n) { atomic_fetch_add_explicit(c, n, memory_order_relaxed); }
 static uint64_t get(_Atomic(uint64_t) *c) { return atomic_load_explicit(c, memory_order_relaxed); }
 
+void attribution_count_frees(size_t c, uint64_t n) { add(&done_frees[c], n); }
+
 void attribution_fold(th_heap_t *heap) {
   th_heap_flow_t *f = &heap->flow;
   for (size_t c = 0; c < TH_CLASS_COUNT; c++) {

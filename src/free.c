@@ -122,6 +122,11 @@ TH_NOINLINE static void free_other(void *p) {
  * short. */
 static inline void free_remote_push(th_page_t *page, th_block_t *b) {
   if (th_likely(page_is_block(page, b) && b->tag != free_tag(b))) {
+    /* A page this thread's heap handed off full comes back to it (pool.c), and the free is the owner's. */
+    if (th_unlikely(page_out(page) == TH_OUT_ORPHAN) && pool_reclaim(page)) {
+      th_free(b);
+      return;
+    }
     b->tag = free_tag(b);
     block_poison(b, page->block_size);
     free_remote_hold(segment_of_page(page), page, b);

@@ -424,6 +424,7 @@ void heap_exit(th_heap_t *heap) {
   heap_release_swept(heap);
   heap_collect_remote(heap);
   segment_take_back_slots(heap, true); /* its slots in the pool, before its segments are abandoned */
+  pool_forget_heap(heap);
   /* Borrowed pages still holding blocks stay in the pool until other threads' frees empty them. */
   for (size_t c = 1; c < TH_CLASS_COUNT; c++) {
     for (th_page_t *page = heap->queues[c].first, *next; page; page = next) {
@@ -463,6 +464,10 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
   heap_collect_ready(heap);
   th_page_queue_t *q = &heap->queues[c];
   bool tried_adopt = false;
+  /* While other threads live, a full small page goes to the pool rather than the full queue (pool.c). */
+  bool hand_off = class_kind(c) == TH_KIND_SMALL && pool_eligible(heap) &&
+                  atomic_load_explicit((_Atomic(size_t) *)&th_stats_global.threads_live, memory_order_relaxed) > 1;
+  int handed;
   for (;;) {
     for (th_page_t *page = q->first, *next; page; page = next) {
       next = page->next;
@@ -478,6 +483,10 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
           /* carved more blocks */
         } else if (page->capacity < page->reserved) {
           continue; /* a capped heap at its cap, or lazy commit refused: another page may still have blocks */
+        } else if (hand_off && (handed = pool_hand_off(heap, q, page)) != POOL_NO_LOCK) {
+          if (handed == POOL_HANDED_OFF) continue;
+          page_collect(page); /* blocks arrived while it was being handed off: local_free was empty */
+          page_free_from_local(page);
         } else if (page_try_set_full(page)) {
           heap_queue_remove(heap, q, page);
           heap_queue_push_back(heap, &heap->full, page);

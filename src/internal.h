@@ -101,6 +101,12 @@ bool pool_is_empty(void);
 void pool_return(th_page_t *page);
 void pool_orphan(th_heap_t *heap, th_page_t *page);
 th_page_t *pool_adopt_orphan(th_heap_t *heap, size_t c);
+/* pool_hand_off's results */
+enum { POOL_NO_LOCK = -1, POOL_BLOCKS_ARRIVED = 0, POOL_HANDED_OFF = 1 };
+int pool_hand_off(th_heap_t *heap, th_page_queue_t *q, th_page_t *page);
+void pool_recycle(th_page_t *page);
+bool pool_reclaim(th_page_t *page);
+void pool_forget_heap(th_heap_t *heap);
 void pool_round(uint64_t delay);
 void pool_lock_all(unsigned level);
 void pool_unlock_all(unsigned level, bool child);
@@ -127,6 +133,8 @@ bool page_parked_is_empty(const th_page_t *page);
 void page_discard_free(th_page_t *page);
 bool page_try_set_full(th_page_t *page);
 void page_clear_delay(th_page_t *page);
+bool page_try_set_orphan(th_page_t *page);
+bool page_try_claim_orphan(th_page_t *page);
 void page_push_remote_chain(th_page_t *page, th_block_t *head, th_block_t *tail, size_t n);
 bool page_list_contains(const th_page_t *page, const th_block_t *block);
 void page_purge_free_blocks(th_page_t *page);
@@ -232,6 +240,8 @@ void thread_unlock_after_fork(th_mutex_t *l, unsigned level, bool child);
 /* Fill out's attribution fields (in_use ... purged) from a walk of every segment; mapped and cached must be
  * set already. */
 void attribution_compute(th_stats_t *out);
+/* Frees into a page of no heap's (an orphan's, pool.c), counted in the process-wide flow. */
+void attribution_count_frees(size_t c, uint64_t n);
 /* A heap's flow joins the process-wide one, and the heap's is zeroed: at thread exit and heap destroy. */
 void attribution_fold(th_heap_t *heap);
 /* A huge block allocated (fresh: its memory new from the OS) or freed, of size bytes. */

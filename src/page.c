@@ -203,8 +203,10 @@ void page_discard_free(th_page_t *page) {
   page->used_word &= ~TH_USED_MASK;
   page->free = page->local_free = NULL;
   stats_add_remote(n);
-  th_heap_t *heap = page_heap(page, memory_order_relaxed);
+  uint8_t out = page_out(page);
+  th_heap_t *heap = out == TH_OUT_HOME || out == TH_OUT_BORROWED ? page_heap(page, memory_order_relaxed) : NULL;
   if (heap) heap_count_frees(heap, page->class_idx, n);
+  else attribution_count_frees(page->class_idx, n); /* an orphan's: no heap counts them */
 }
 
 /* Ask to be told about the next remote free. False when blocks arrived meanwhile: collect them instead. */
@@ -215,6 +217,31 @@ bool page_try_set_full(th_page_t *page) {
   } while (!atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, (uintptr_t)TH_TF_FULL,
                                                   memory_order_acq_rel, memory_order_relaxed));
   return true;
+}
+
+/* The owner hands its full page off to the pool (pool_hand_off, under the pool's lock): it becomes an orphan
+ * whose remote frees keep the FULL state, so that the free that brings its last block back sees it empty
+ * (page_push_remote_chain). out is set before the state, which a remote free reads with acquire. False when
+ * blocks arrived meanwhile: the owner collects them instead. */
+bool page_try_set_orphan(th_page_t *page) {
+  uint8_t was = page_out(page);
+  __atomic_store_n(&page->out, TH_OUT_ORPHAN, __ATOMIC_RELAXED);
+  if (page_try_set_full(page)) return true;
+  __atomic_store_n(&page->out, was, __ATOMIC_RELAXED);
+  return false;
+}
+
+/* A heap adopting a page handed off full (pool_adopt_orphan, under the pool's lock): back to NORMAL with its
+ * remote frees, unless the free of its last block claimed it for the free slots (FREEING): false. */
+bool page_try_claim_orphan(th_page_t *page) {
+  uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_acquire);
+  for (;;) {
+    if (tf_state(tf) == TH_TF_NORMAL) return true; /* an exited borrower's orphan: no free claims it */
+    if (tf_state(tf) != TH_TF_FULL) return false;
+    if (atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, tf_with_state(tf, TH_TF_NORMAL),
+                                              memory_order_acq_rel, memory_order_acquire))
+      return true;
+  }
 }
 
 /* Back to NORMAL: no remote free will name the owner heap after this returns. Owner only. */
@@ -237,13 +264,27 @@ void page_clear_delay(th_page_t *page) {
  * page_push_remote_n's one CAS did not do: the first remote free into a page its owner parked as full also
  * puts the page on the owner heap's ready stack, so the owner finds it without scanning. */
 void page_push_remote_chain(th_page_t *page, th_block_t *head, th_block_t *tail, size_t n) {
-  uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
+  uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_acquire);
   for (;;) {
     uintptr_t state = tf_state(tf);
     if (state == TH_TF_FREEING) {
       cpu_relax();
-      tf = atomic_load_explicit(&page->thread_free, memory_order_relaxed);
+      tf = atomic_load_explicit(&page->thread_free, memory_order_acquire);
       continue;
+    }
+    if (state == TH_TF_FULL && page_out(page) == TH_OUT_ORPHAN) {
+      /* A page handed off full (pool.c): every block was handed out (used == reserved), so the push that
+       * makes the count reserved brings the last one back. That push also claims the page for the pool's
+       * free slots (state FREEING, with no one left to free into it), in the same CAS that a heap adopting
+       * the page would have to win first (pool_adopt_orphan sets NORMAL). */
+      bool last = tf_count(tf) + n == page->reserved;
+      tail->next = tf_block(tf);
+      if (!atomic_compare_exchange_weak_explicit(&page->thread_free, &tf,
+                                                 tf_push(tf, head, n, last ? TH_TF_FREEING : TH_TF_FULL),
+                                                 memory_order_acq_rel, memory_order_acquire))
+        continue;
+      if (last) pool_recycle(page);
+      return;
     }
     if (state == TH_TF_FULL) {
       if (!atomic_compare_exchange_weak_explicit(&page->thread_free, &tf, tf_with_state(tf, TH_TF_FREEING),

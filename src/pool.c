@@ -19,11 +19,19 @@
 static th_mutex_t pool_lock = TH_MUTEX_INIT;
 /* Free slots, newest first, linked by next/prev: committed ones, then purged ones. */
 static th_page_queue_t pool_fresh, pool_purged;
-static th_page_t *orphans; /* linked by next */
+/* Orphans per class, oldest first, linked by next/prev. */
+static th_page_queue_t orphans[TH_CLASS_COUNT];
 static _Atomic(th_page_t *) incoming; /* returns and orphans, linked by ready_next */
 /* Free slots in the pool or on their way in (th_stats_t.pool_slots), and orphans: peeks without the lock. */
 #define pool_free ((_Atomic(size_t) *)&th_stats_global.pool_slots)
 static _Atomic(size_t) orphan_count;
+static _Atomic(uint32_t) orphans_of[TH_CLASS_COUNT]; /* per class, for a look without the lock */
+
+/* Under pool_lock: one orphan more or fewer in class c's list. */
+static void orphan_listed(size_t c, int d) {
+  atomic_fetch_add_explicit(&orphan_count, (size_t)(ptrdiff_t)d, memory_order_relaxed);
+  atomic_fetch_add_explicit(&orphans_of[c], (uint32_t)d, memory_order_relaxed);
+}
 
 bool pool_eligible(const th_heap_t *heap) {
   return heap != &th_heap_empty && !heap_is_explicit(heap) && heap->secure == NULL && heap->sampler == NULL &&
@@ -46,21 +54,48 @@ static void queue_remove(th_page_queue_t *q, th_page_t *page) {
   page->next = page->prev = NULL;
 }
 
+static void queue_push_back(th_page_queue_t *q, th_page_t *page) {
+  page->next = NULL;
+  page->prev = q->last;
+  if (q->last) q->last->next = page;
+  else q->first = page;
+  q->last = page;
+}
+
 static void incoming_push(th_page_t *page) {
   th_page_t *top = atomic_load_explicit(&incoming, memory_order_relaxed);
   do page->ready_next = top;
   while (!atomic_compare_exchange_weak_explicit(&incoming, &top, page, memory_order_release, memory_order_relaxed));
 }
 
-/* Under pool_lock: the returns and orphans pushed since, into their lists. */
+/* Under pool_lock: an orphan whose blocks all came back, taken off its list, becomes a free committed slot. */
+static void orphan_to_slot(th_page_t *page, uint64_t now) {
+  queue_remove(&orphans[page->class_idx], page);
+  atomic_store_explicit(page_borrower(page), NULL, memory_order_relaxed);
+  orphan_listed(page->class_idx, -1);
+  page_discard_free(page);
+  stats_committed(-(long)page->committed);
+  page->committed = 0;
+  page_forget(page);
+  page->free_since_ms = now;
+  __atomic_store_n(&page->out, TH_OUT_LENT, __ATOMIC_RELAXED);
+  queue_push_front(&pool_fresh, page);
+}
+
+/* Under pool_lock: the returns, orphans and recycled orphans pushed since, into their lists. */
 static void incoming_take(void) {
   if (atomic_load_explicit(&incoming, memory_order_relaxed) == NULL) return;
   th_page_t *page = atomic_exchange_explicit(&incoming, NULL, memory_order_acquire);
+  uint64_t now = 0;
   while (page) {
     th_page_t *next = page->ready_next;
-    if (page_out(page) == TH_OUT_ORPHAN) {
-      page->next = orphans;
-      orphans = page;
+    uint8_t out = page_out(page);
+    if (out == TH_OUT_ORPHAN) {
+      queue_push_back(&orphans[page->class_idx], page);
+      atomic_fetch_add_explicit(&orphans_of[page->class_idx], 1, memory_order_relaxed); /* (orphan_count: pool_orphan) */
+    } else if (out == TH_OUT_RECYCLE) {
+      if (now == 0) now = process_clock();
+      orphan_to_slot(page, now); /* (counted in pool_free by pool_recycle) */
     } else {
       queue_push_front(page->is_purged ? &pool_purged : &pool_fresh, page);
     }
@@ -147,21 +182,109 @@ void pool_orphan(th_heap_t *heap, th_page_t *page) {
   incoming_push(page);
 }
 
-/* An orphan of class c, for heap to take over as its own page (or back home, if its segment is heap's);
- * NULL when there is none. Its lists and remote frees come with it, as an adopted segment's pages do. */
+/* The owner's full small page goes to the pool as an orphan instead of its full queue, while other threads
+ * live: a thread that hands its blocks to others (a producer) otherwise keeps every page it filled until it
+ * runs again and finds them emptied, and the process holds the sum of the producers' peaks. The other
+ * threads' frees bring the blocks back; the one that brings the last makes the page a free slot for any heap
+ * (pool_recycle); a heap short of blocks of the class adopts it before then. The owner's own frees into it
+ * take the remote path. POOL_NO_LOCK: a fork is under way (the caller parks it as before). */
+int pool_hand_off(th_heap_t *heap, th_page_queue_t *q, th_page_t *page) {
+  if (!th_lock_unless_fork(&pool_lock)) return POOL_NO_LOCK;
+  if (!page_try_set_orphan(page)) {
+    th_unlock(&pool_lock);
+    return POOL_BLOCKS_ARRIVED;
+  }
+  heap_queue_remove(heap, q, page);
+  heap->stat.committed -= page->committed;
+  heap_count_frees(heap, page->class_idx, page_owner_frees(page));
+  page->used_word &= TH_USED_MASK;
+  atomic_store_explicit(&page->owner, 0, memory_order_relaxed);
+  /* The borrower table names the heap that handed it off, for the count of who frees whose blocks
+   * (page_heap) and for that heap's own next free into it, which takes it back (pool_reclaim). */
+  atomic_store_explicit(page_borrower(page), heap, memory_order_relaxed);
+  queue_push_back(&orphans[page->class_idx], page);
+  orphan_listed(page->class_idx, 1);
+  stats_count(&th_stats_global.pages_handed_off);
+  th_unlock(&pool_lock);
+  return POOL_HANDED_OFF;
+}
+
+/* The remote free that brought a handed-off page's last block back, and claimed it (page_push_remote_chain):
+ * the page goes to the free slots. */
+void pool_recycle(th_page_t *page) {
+  __atomic_store_n(&page->out, TH_OUT_RECYCLE, __ATOMIC_RELAXED);
+  atomic_fetch_add_explicit(pool_free, 1, memory_order_relaxed);
+  incoming_push(page);
+}
+
+/* A free by the heap that handed the page off (th_heap_tls, on the remote path: the page's owner is 0): the
+ * page comes back to it, as mimalloc 3 takes back an abandoned page on its owner's free, so that a thread
+ * that fills pages and frees its own blocks later (while other threads live) frees them on its fast path.
+ * False when the page is another heap's to take, or already claimed. */
+bool pool_reclaim(th_page_t *page) {
+  th_heap_t *heap = th_heap_tls;
+  if (heap == &th_heap_empty || atomic_load_explicit(page_borrower(page), memory_order_relaxed) != heap)
+    return false;
+  heap_slow_enter(heap);
+  bool taken = false;
+  if (th_lock_unless_fork(&pool_lock)) {
+    taken = page_out(page) == TH_OUT_ORPHAN && atomic_load_explicit(page_borrower(page), memory_order_relaxed) == heap &&
+            page_try_claim_orphan(page);
+    if (taken) {
+      queue_remove(&orphans[page->class_idx], page);
+      orphan_listed(page->class_idx, -1);
+      hand_to(heap, page);
+    }
+    th_unlock(&pool_lock);
+  }
+  if (taken) {
+    heap->stat.committed += page->committed;
+    heap_page_insert(heap, page);
+  }
+  heap_slow_exit(heap);
+  return taken;
+}
+
+/* The heap ends: the pages it handed off name no heap from now on (its struct will serve another thread). */
+void pool_forget_heap(th_heap_t *heap) {
+  if (atomic_load_explicit(&orphan_count, memory_order_relaxed) == 0 || !th_lock_unless_fork(&pool_lock)) return;
+  incoming_take();
+  for (size_t c = 1; c < TH_CLASS_COUNT; c++)
+    for (th_page_t *page = orphans[c].first; page; page = page->next)
+      if (atomic_load_explicit(page_borrower(page), memory_order_relaxed) == heap)
+        atomic_store_explicit(page_borrower(page), NULL, memory_order_relaxed);
+  th_unlock(&pool_lock);
+}
+
+/* Has the orphan a block to hand out (once its remote frees are collected)? */
+static bool orphan_has_free(const th_page_t *page) {
+  return (atomic_load_explicit(&page->thread_free, memory_order_relaxed) >> TH_TF_COUNT_SHIFT) != 0 ||
+         page->free != NULL || page->local_free != NULL || page->capacity < page->reserved;
+}
+
+#define ADOPT_LOOK_MAX 8 /* orphans of the class looked at, oldest first */
+
+/* An orphan of class c with a block to hand out, for heap to take over as its own page (or back home, if its
+ * segment is heap's); NULL when there is none. Its lists and remote frees come with it, as an adopted
+ * segment's pages do. */
 th_page_t *pool_adopt_orphan(th_heap_t *heap, size_t c) {
-  if (atomic_load_explicit(&orphan_count, memory_order_relaxed) == 0) return NULL;
+  if (atomic_load_explicit(&orphans_of[c], memory_order_relaxed) == 0) return NULL;
   if (!th_lock_unless_fork(&pool_lock)) return NULL;
   incoming_take();
-  th_page_t *page = NULL;
-  for (th_page_t **link = &orphans; *link != NULL; link = &(*link)->next) {
-    if ((*link)->class_idx != c) continue;
-    page = *link;
-    *link = page->next;
-    page->next = NULL;
-    atomic_fetch_sub_explicit(&orphan_count, 1, memory_order_relaxed);
-    hand_to(heap, page);
-    break;
+  th_page_t *page = orphans[c].first;
+  for (int looked = 0; page != NULL; page = page->next) {
+    if (page_out(page) == TH_OUT_ORPHAN && orphan_has_free(page) && page_try_claim_orphan(page)) {
+      hand_to(heap, page);
+      break;
+    }
+    if (++looked == ADOPT_LOOK_MAX) {
+      page = NULL;
+      break;
+    }
+  }
+  if (page != NULL) {
+    queue_remove(&orphans[c], page);
+    orphan_listed(c, -1);
   }
   th_unlock(&pool_lock);
   if (page != NULL) heap->stat.committed += page->committed;
@@ -177,21 +300,15 @@ void pool_round(uint64_t delay) {
   uint64_t now = process_clock();
   if (!th_trylock(&pool_lock)) return;
   incoming_take();
-  for (th_page_t **link = &orphans, *page; (page = *link) != NULL;) {
-    if (!page_is_empty(page)) {
-      link = &page->next;
-      continue;
+  for (size_t c = 1; c < TH_CLASS_COUNT && atomic_load_explicit(&orphan_count, memory_order_relaxed) != 0; c++) {
+    for (th_page_t *page = orphans[c].first, *next; page; page = next) {
+      next = page->next;
+      /* An exited borrower's orphan (NORMAL); a page handed off full is claimed by its last free instead. */
+      uintptr_t tf = atomic_load_explicit(&page->thread_free, memory_order_acquire);
+      if (page_out(page) != TH_OUT_ORPHAN || (tf & TH_TF_MASK) != TH_TF_NORMAL || !page_is_empty(page)) continue;
+      orphan_to_slot(page, now);
+      atomic_fetch_add_explicit(pool_free, 1, memory_order_relaxed);
     }
-    *link = page->next;
-    page_discard_free(page);
-    stats_committed(-(long)page->committed);
-    page->committed = 0;
-    page_forget(page);
-    page->free_since_ms = now;
-    __atomic_store_n(&page->out, TH_OUT_LENT, __ATOMIC_RELAXED);
-    atomic_fetch_sub_explicit(&orphan_count, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(pool_free, 1, memory_order_relaxed);
-    queue_push_front(&pool_fresh, page);
   }
   while (pool_fresh.last && clock_waited(now, pool_fresh.last->free_since_ms, delay)) {
     th_page_t *page = pool_fresh.last;

@@ -75,7 +75,8 @@ const char *const stats_names[] = {
 #define RANGES(what) "small_" what, "medium_" what, "large_" what, "huge_" what
     RANGES("alloc_blocks"), RANGES("free_blocks"), RANGES("alloc_bytes"), RANGES("free_bytes"),
     RANGES("fresh_bytes"), "heap_lock_acquires", "heap_lock_waits", "remaps_in_place", "remaps_moved",
-    "remap_bytes_not_copied", "pool_slots", "pages_borrowed", "pages_orphaned"};
+    "remap_bytes_not_copied", "pool_slots", "pages_borrowed", "pages_orphaned",
+    "pages_handed_off"};
 #undef RANGES
 _Static_assert(sizeof stats_names / sizeof stats_names[0] == sizeof(th_stats_t) / sizeof(size_t),
                "a name per counter");

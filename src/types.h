@@ -209,7 +209,9 @@ enum {
   TH_OUT_HOME = 0,     /* the segment's heap's, like any other slot */
   TH_OUT_LENT = 1,     /* a free slot in the pool, still counted in its segment's used_pages */
   TH_OUT_BORROWED = 2, /* in use by another thread heap (segment's borrower table names it) */
-  TH_OUT_ORPHAN = 3,   /* its borrower exited with blocks in it: waits in the pool until they come back */
+  TH_OUT_ORPHAN = 3,   /* no heap's: its borrower exited with blocks in it, or its heap handed it off full;
+                        * waits in the pool until its blocks come back or a heap adopts it */
+  TH_OUT_RECYCLE = 4,  /* a handed-off page whose blocks all came back: on its way to the pool's free slots */
 };
 
 typedef struct th_page_queue_s {
