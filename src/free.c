@@ -123,7 +123,8 @@ TH_NOINLINE static void free_other(void *p) {
 static inline void free_remote_push(th_page_t *page, th_block_t *b) {
   if (th_likely(page_is_block(page, b) && b->tag != free_tag(b))) {
     /* A page this thread's heap handed off full comes back to it (pool.c), and the free is the owner's. */
-    if (th_unlikely(page_out(page) == TH_OUT_ORPHAN) && pool_reclaim(page)) {
+    if (th_unlikely((atomic_load_explicit(&page->owner, memory_order_relaxed) ^ thread_id()) == TH_OWNER_HANDED) &&
+        pool_reclaim(page)) {
       th_free(b);
       return;
     }

@@ -464,7 +464,10 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
   heap_collect_ready(heap);
   th_page_queue_t *q = &heap->queues[c];
   bool tried_adopt = false;
-  /* While other threads live, a full small page goes to the pool rather than the full queue (pool.c). */
+  /* While other threads live, a small page that filled up with no free of the owner's into it (its blocks
+   * are for other threads: a producer's) goes to the pool rather than the full queue (pool.c). A page the
+   * owner frees into as it fills (larson's threads, which free their own blocks at random) is parked as
+   * before: handed off, its next free by the owner would take it back, a lock each way. */
   bool hand_off = class_kind(c) == TH_KIND_SMALL && pool_eligible(heap) &&
                   atomic_load_explicit((_Atomic(size_t) *)&th_stats_global.threads_live, memory_order_relaxed) > 1;
   int handed;
@@ -483,7 +486,8 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
           /* carved more blocks */
         } else if (page->capacity < page->reserved) {
           continue; /* a capped heap at its cap, or lazy commit refused: another page may still have blocks */
-        } else if (hand_off && (handed = pool_hand_off(heap, q, page)) != POOL_NO_LOCK) {
+        } else if (hand_off && page_owner_frees(page) == 0 && !page->owner_freed &&
+                   (handed = pool_hand_off(heap, q, page)) != POOL_NO_LOCK) {
           if (handed == POOL_HANDED_OFF) continue;
           page_collect(page); /* blocks arrived while it was being handed off: local_free was empty */
           page_free_from_local(page);

@@ -72,6 +72,7 @@ static void incoming_push(th_page_t *page) {
 static void orphan_to_slot(th_page_t *page, uint64_t now) {
   queue_remove(&orphans[page->class_idx], page);
   atomic_store_explicit(page_borrower(page), NULL, memory_order_relaxed);
+  atomic_store_explicit(&page->owner, 0, memory_order_relaxed);
   orphan_listed(page->class_idx, -1);
   page_discard_free(page);
   stats_committed(-(long)page->committed);
@@ -198,9 +199,10 @@ int pool_hand_off(th_heap_t *heap, th_page_queue_t *q, th_page_t *page) {
   heap->stat.committed -= page->committed;
   heap_count_frees(heap, page->class_idx, page_owner_frees(page));
   page->used_word &= TH_USED_MASK;
-  atomic_store_explicit(&page->owner, 0, memory_order_relaxed);
-  /* The borrower table names the heap that handed it off, for the count of who frees whose blocks
-   * (page_heap) and for that heap's own next free into it, which takes it back (pool_reclaim). */
+  /* Its owner is the handing thread's id plus 1, no thread's: every free takes the remote path, where that
+   * thread's own takes the page back (pool_reclaim) with no read but the owner word th_free read already. The
+   * borrower table names the heap, for the count of who frees whose blocks (page_heap) and for that check. */
+  atomic_store_explicit(&page->owner, heap->thread_id | TH_OWNER_HANDED, memory_order_relaxed);
   atomic_store_explicit(page_borrower(page), heap, memory_order_relaxed);
   queue_push_back(&orphans[page->class_idx], page);
   orphan_listed(page->class_idx, 1);

@@ -225,7 +225,8 @@ typedef struct th_page_queue_s {
  *     keeps the segment: pool.c)
  *   thread_id == heap->thread_id when owned by a heap; 0 when abandoned, cached or huge
  *   pages[i].owner == thread_id  for every i < page_count with out == TH_OUT_HOME (segment_set_owner writes
- *     them together); a borrowed page's owner is its borrower's thread, a lent slot's and an orphan's 0
+ *     them together); a borrowed page's owner is its borrower's thread, a lent slot's and an exited
+ *     borrower's orphan's 0, a page handed off full its handing thread's | TH_OWNER_HANDED
  *   the borrower table after pages[] (small segments): the borrowing heap of each page with out == BORROWED
  *   page map words for [segment, segment + size) (segment.c): its pages' descriptors while it is laid out
  *     in pages and neither secure nor sampled; &th_page_map_slow's offset while it is one of those; else 0
@@ -323,6 +324,9 @@ typedef struct th_heap_flow_s {
 
 /* The owner id of a serialized explicit heap's segments: no thread's id, so every free is a remote free. */
 #define TH_OWNER_SHARED ((uintptr_t)1)
+/* Or'd into a thread's id (a thread pointer, aligned) as the owner of a page its heap handed off full
+ * (pool.c): no thread's id either, and that thread's free tells it by one xor. */
+#define TH_OWNER_HANDED ((uintptr_t)1)
 /* Heap flags beyond the public TH_HEAP_NO_SERIALIZE. */
 #define TH_HEAP_EXPLICIT 0x100u /* made by th_heap_create */
 #define TH_HEAP_SAMPLES 0x200u  /* the profiler's heap of sampled blocks (profile.c) */

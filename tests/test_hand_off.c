@@ -6,9 +6,10 @@
  *            once, with no purge round (pool_slots), and thread Q, allocating next, gets P's slots;
  *   reclaim  P fills two more pages and frees its own blocks: the first of those frees into a page it had
  *            handed off takes the page back (pool_reclaim), so none of them becomes a pool slot;
- *   adopt    P fills a page and one block more; main frees half of that page's blocks, and thread R's first
- *            malloc of the class takes the page over with them (pool_adopt_orphan): its block lies in P's
- *            slot, and main's other blocks there keep their contents until main frees them. */
+ *   adopt    thread P2 fills a page and one block more; main frees half of that page's blocks, and thread
+ *            R's first malloc of the class takes the page over with them (pool_adopt_orphan): its block lies
+ *            in P2's slot, and main's other blocks there keep their contents until main frees them.
+ * A page its owner freed into as it filled is parked as before, not handed off (thread L). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -101,9 +102,14 @@ static void *thread_p(void *arg) {
   size_t after = stats().pool_slots;
   reclaim_pool_growth = after > pool ? after - pool : 0;
   set_stage(3);
-  wait_stage(4);
+  wait_stage(6);
+  return NULL;
+}
 
-  /* adopt: one page full (handed off when the next block needs a page) and one block more */
+/* adopt: one page full (handed off when the next block needs a page) and one block more, by a thread of its
+ * own (P's pages had P's frees in them: it parks those as before) */
+static void *thread_p2(void *arg) {
+  (void)arg;
   adopt_n = 0;
   void *first = th_malloc(SIZE);
   fill(first, 1000);
@@ -138,6 +144,25 @@ static void *thread_q(void *arg) {
     th_free(b[i]);
   }
   free(b);
+  return NULL;
+}
+
+/* A thread that frees some of its own blocks as it fills its pages (every fourth, at once) hands none off. */
+static size_t l_handed = 1;
+static void *thread_l(void *arg) {
+  (void)arg;
+  enum { M = 3 * PER_PAGE };
+  static void *kept[M];
+  size_t before = stats().pages_handed_off, n = 0;
+  for (size_t i = 0; i < M; i++) {
+    void *p = th_malloc(SIZE);
+    if (!CHECK(p != NULL)) return NULL;
+    fill(p, (unsigned)i);
+    if (i % 4 == 3) th_free(p);
+    else kept[n++] = p;
+  }
+  l_handed = stats().pages_handed_off - before;
+  for (size_t i = 0; i < n; i++) th_free(kept[i]);
   return NULL;
 }
 
@@ -193,7 +218,8 @@ int main(void) {
             reclaim_pool_growth);
 
   /* adopt: main frees every other block of P's full page (the first PER_PAGE blocks' slot) */
-  set_stage(4);
+  pthread_t p2;
+  if (pthread_create(&p2, NULL, thread_p2, NULL) != 0) return 2;
   wait_stage(5);
   uintptr_t full = slot_of(adopt_blocks[0]);
   size_t freed = 0;
@@ -219,5 +245,11 @@ int main(void) {
   CHECK_MSG(bad == 0, "%zu of P's blocks in the adopted page changed", bad);
   set_stage(6);
   pthread_join(p, NULL);
+  pthread_join(p2, NULL);
+
+  pthread_t l;
+  if (pthread_create(&l, NULL, thread_l, NULL) != 0) return 2;
+  pthread_join(l, NULL);
+  CHECK_MSG(l_handed == 0, "a thread freeing its own blocks as it filled its pages handed off %zu", l_handed);
   return check_summary();
 }
