@@ -12,7 +12,11 @@
  *
  * Every slot out of its heap counts in its segment's used_pages, so a segment with a slot out is never
  * released. Its state (th_page_t.out) and owner change under pool_lock, or, for a borrower's return and
- * orphaning, on their way onto the lock-free incoming stack. */
+ * orphaning and for a handed-off page's recycling, on their way onto the lock-free incoming stack.
+ *
+ * A small page a thread heap fills with no free of its own goes to this pool as it fills (pool_hand_off:
+ * its blocks are for other threads), and the free of its last block makes it a free slot at once
+ * (docs/design.md, "Full pages handed off"). */
 #include "internal.h"
 #include "os.h"
 

@@ -173,7 +173,9 @@ typedef struct th_page_s {
    * a page the owner worked in from one whose blocks all came back by other threads' frees. */
   uint8_t owner_freed : 1;
   /* Where the slot is (pool.c), for a small page of a thread heap's segment: TH_OUT_HOME in its segment's heap,
-   * or out of it. Written under the pool's lock only, read there, and by the page's current owner. */
+   * or out of it. Written under the pool's lock, by a borrower returning or orphaning the page on its way onto
+   * the pool's incoming stack, and by the remote free that claimed a handed-off page (TH_OUT_RECYCLE); read
+   * with relaxed atomics, also by remote frees (a FULL page that is an orphan is told about by its last free). */
   uint8_t out;
   _Atomic(uintptr_t) thread_free;  /* remote frees: a block stack, its length and a state (see TH_TF_*) */
   struct th_page_s *next, *prev;   /* heap queue, full queue or purge queue */
