@@ -379,7 +379,7 @@ void heap_sweep(th_heap_t *heap, uint64_t now) {
        * carry may still read its heap (page_heap, in th_free after the count). */
       bool borrowed = page_out(page) == TH_OUT_BORROWED;
       if (borrowed && carry) continue;
-      bool handed_away = page_owner_frees(page) == 0 && !page->owner_freed; /* no free of the owner's */
+      bool handed_away = page_handed_away(page);
       page_free_empty_as(heap, page, true);
       if (!borrowed && handed_away && page->purge_pending) slot_purge(heap, page);
       heap->sweep_kept = true;
@@ -486,8 +486,7 @@ static th_page_t *heap_find_page(th_heap_t *heap, size_t c) {
           /* carved more blocks */
         } else if (page->capacity < page->reserved) {
           continue; /* a capped heap at its cap, or lazy commit refused: another page may still have blocks */
-        } else if (hand_off && page_owner_frees(page) == 0 && !page->owner_freed &&
-                   (handed = pool_hand_off(heap, q, page)) != POOL_NO_LOCK) {
+        } else if (hand_off && page_handed_away(page) && (handed = pool_hand_off(heap, q, page)) != POOL_NO_LOCK) {
           if (handed == POOL_HANDED_OFF) continue;
           page_collect(page); /* blocks arrived while it was being handed off: local_free was empty */
           page_free_from_local(page);

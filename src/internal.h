@@ -683,6 +683,9 @@ static inline void block_unpoison(void *b, size_t size) { (void)b, (void)size; }
 static inline uint32_t page_used(const th_page_t *page) { return page->used_word & TH_USED_MASK; }
 /* The owner's frees into the page not yet folded into its heap's flow (all ones while parked as full). */
 static inline uint32_t page_owner_frees(const th_page_t *page) { return page->used_word >> TH_USED_BITS; }
+/* No free of the owner's into the page since it was started or last unparked: its blocks went to other
+ * threads (a producer's page), which a sweep purges at once and a heap hands off when it fills. */
+static inline bool page_handed_away(const th_page_t *page) { return page_owner_frees(page) == 0 && !page->owner_freed; }
 
 /* Blocks of class c freed from the heap's pages, folded on a slow path (th_heap_flow_t). Owner only. */
 static inline void heap_count_frees(th_heap_t *heap, size_t c, uint64_t n) { count_add(&heap->flow.frees[c], n); }

@@ -203,10 +203,9 @@ void page_discard_free(th_page_t *page) {
   page->used_word &= ~TH_USED_MASK;
   page->free = page->local_free = NULL;
   stats_add_remote(n);
-  uint8_t out = page_out(page);
-  th_heap_t *heap = out == TH_OUT_HOME || out == TH_OUT_BORROWED ? page_heap(page, memory_order_relaxed) : NULL;
+  th_heap_t *heap = page_heap(page, memory_order_relaxed);
   if (heap) heap_count_frees(heap, page->class_idx, n);
-  else attribution_count_frees(page->class_idx, n); /* an orphan's: no heap counts them */
+  else attribution_count_frees(page->class_idx, n); /* an orphan's (its borrower entry cleared): no heap's */
 }
 
 /* Ask to be told about the next remote free. False when blocks arrived meanwhile: collect them instead. */

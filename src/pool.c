@@ -72,12 +72,18 @@ static void incoming_push(th_page_t *page) {
   while (!atomic_compare_exchange_weak_explicit(&incoming, &top, page, memory_order_release, memory_order_relaxed));
 }
 
-/* Under pool_lock: an orphan whose blocks all came back, taken off its list, becomes a free committed slot. */
-static void orphan_to_slot(th_page_t *page, uint64_t now) {
+/* Under pool_lock: the orphan leaves its class's list. */
+static void orphan_unlist(th_page_t *page) {
   queue_remove(&orphans[page->class_idx], page);
+  orphan_listed(page->class_idx, -1);
+}
+
+/* Under pool_lock: an orphan whose blocks all came back, taken off its list, becomes a free committed slot.
+ * Its borrower entry is cleared first, so that page_discard_free counts its frees in no heap's flow. */
+static void orphan_to_slot(th_page_t *page, uint64_t now) {
+  orphan_unlist(page);
   atomic_store_explicit(page_borrower(page), NULL, memory_order_relaxed);
   atomic_store_explicit(&page->owner, 0, memory_order_relaxed);
-  orphan_listed(page->class_idx, -1);
   page_discard_free(page);
   stats_committed(-(long)page->committed);
   page->committed = 0;
@@ -118,6 +124,15 @@ static void hand_to(th_heap_t *heap, th_page_t *page) {
     stats_count(&th_stats_global.pages_borrowed);
   }
   atomic_store_explicit(&page->owner, heap->thread_id, memory_order_relaxed);
+}
+
+/* Under pool_lock: heap takes the orphan over (adoption, or its handing heap's reclaim), unless the free of its
+ * last block claimed it first (page_try_claim_orphan). */
+static bool orphan_take(th_heap_t *heap, th_page_t *page) {
+  if (!page_try_claim_orphan(page)) return false;
+  orphan_unlist(page);
+  hand_to(heap, page);
+  return true;
 }
 
 /* A slot for heap: committed, or (purged) any; NULL when the pool has none. Its segment counts it in use
@@ -235,12 +250,7 @@ bool pool_reclaim(th_page_t *page) {
   bool taken = false;
   if (th_lock_unless_fork(&pool_lock)) {
     taken = page_out(page) == TH_OUT_ORPHAN && atomic_load_explicit(page_borrower(page), memory_order_relaxed) == heap &&
-            page_try_claim_orphan(page);
-    if (taken) {
-      queue_remove(&orphans[page->class_idx], page);
-      orphan_listed(page->class_idx, -1);
-      hand_to(heap, page);
-    }
+            orphan_take(heap, page);
     th_unlock(&pool_lock);
   }
   if (taken) {
@@ -288,8 +298,7 @@ th_page_t *pool_adopt_orphan(th_heap_t *heap, size_t c) {
   uint32_t n = atomic_load_explicit(&orphans_of[c], memory_order_relaxed);
   for (uint32_t looked = 0; looked < n && looked < ADOPT_LOOK_MAX && orphans[c].first != NULL; looked++) {
     th_page_t *p = orphans[c].first;
-    if (page_out(p) == TH_OUT_ORPHAN && orphan_has_free(p) && page_try_claim_orphan(p)) {
-      hand_to(heap, p);
+    if (page_out(p) == TH_OUT_ORPHAN && orphan_has_free(p) && orphan_take(heap, p)) {
       page = p;
       break;
     }
@@ -299,10 +308,6 @@ th_page_t *pool_adopt_orphan(th_heap_t *heap, size_t c) {
      * would never see (make bench's xthread held 155 MB against 108 so, the pages' frees unused). */
     queue_remove(&orphans[c], p);
     queue_push_back(&orphans[c], p);
-  }
-  if (page != NULL) {
-    queue_remove(&orphans[c], page);
-    orphan_listed(c, -1);
   }
   th_unlock(&pool_lock);
   if (page != NULL) heap->stat.committed += page->committed;
