@@ -18,17 +18,10 @@
 #include <string.h>
 
 #include "check.h"
+#include "pool_stages.h"
 #include "threadheap.h"
 
-enum { SIZE = 64, PER_PAGE = 65536 / SIZE, SLOT = 65536, MAX_SLOTS = 64, N = 4 * PER_PAGE };
-
-static uintptr_t slot_of(const void *p) { return (uintptr_t)p & ~(uintptr_t)(SLOT - 1); }
-
-static th_stats_t stats(void) {
-  th_stats_t s;
-  th_stats_get(&s);
-  return s;
-}
+enum { SIZE = 64, PER_PAGE = SLOT / SIZE, N = 4 * PER_PAGE };
 
 static void fill(void *p, unsigned key) { memset(p, (int)(key * 31 + 7) & 0xff, SIZE); }
 static int intact(const void *p, unsigned key) {
@@ -42,28 +35,7 @@ static void *blocks[N];
 static uintptr_t p_slots[MAX_SLOTS];
 static int p_nslots;
 
-static int in_p_slots(const void *p) {
-  for (int i = 0; i < p_nslots; i++)
-    if (p_slots[i] == slot_of(p)) return 1;
-  return 0;
-}
-
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
-static int stage;
-
-static void set_stage(int s) {
-  pthread_mutex_lock(&lock);
-  stage = s;
-  pthread_cond_broadcast(&cond);
-  pthread_mutex_unlock(&lock);
-}
-
-static void wait_stage(int s) {
-  pthread_mutex_lock(&lock);
-  while (stage < s) pthread_cond_wait(&cond, &lock);
-  pthread_mutex_unlock(&lock);
-}
+static int in_p_slots(const void *p) { return in_slots(p_slots, p_nslots, p); }
 
 static size_t handed_in_p; /* pages P handed off while filling its first four pages */
 static size_t reclaim_pool_growth;
@@ -187,11 +159,7 @@ int main(void) {
   /* recycle: P's slots, the last (its page in use) apart */
   uintptr_t last = slot_of(blocks[N - 1]);
   for (size_t i = 0; i < N; i++)
-    if (slot_of(blocks[i]) != last && p_nslots < MAX_SLOTS) {
-      int seen = 0;
-      for (int k = 0; k < p_nslots; k++) seen |= p_slots[k] == slot_of(blocks[i]);
-      if (!seen) p_slots[p_nslots++] = slot_of(blocks[i]);
-    }
+    if (slot_of(blocks[i]) != last) note_slot(p_slots, &p_nslots, blocks[i]);
   size_t bad = 0, pool = stats().pool_slots;
   for (size_t i = 0; i < N; i++) bad += !intact(blocks[i], (unsigned)i);
   CHECK_MSG(bad == 0, "%zu of P's blocks changed", bad);

@@ -24,52 +24,17 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "pool_stages.h"
 #include "purge_rounds.h"
 #include "threadheap.h"
 
-enum { SIZE = 64, PER_PAGE = 65536 / SIZE, SLOT = 65536, MAX_SLOTS = 64 };
-
-static uintptr_t slot_of(const void *p) { return (uintptr_t)p & ~(uintptr_t)(SLOT - 1); }
+enum { SIZE = 64, PER_PAGE = SLOT / SIZE };
 
 /* A's slots: those its blocks lay in. */
 static uintptr_t a_slots[MAX_SLOTS];
 static int a_nslots;
 
-static int in_a_slots(const void *p) {
-  for (int i = 0; i < a_nslots; i++)
-    if (a_slots[i] == slot_of(p)) return 1;
-  return 0;
-}
-
-static void note_slot(uintptr_t *slots, int *n, const void *p) {
-  for (int i = 0; i < *n; i++)
-    if (slots[i] == slot_of(p)) return;
-  if (*n < MAX_SLOTS) slots[(*n)++] = slot_of(p);
-}
-
-/* The stage the test is at, for A to wait on. */
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
-static int stage;
-
-static void set_stage(int s) {
-  pthread_mutex_lock(&lock);
-  stage = s;
-  pthread_cond_broadcast(&cond);
-  pthread_mutex_unlock(&lock);
-}
-
-static void wait_stage(int s) {
-  pthread_mutex_lock(&lock);
-  while (stage < s) pthread_cond_wait(&cond, &lock);
-  pthread_mutex_unlock(&lock);
-}
-
-static th_stats_t stats(void) {
-  th_stats_t s;
-  th_stats_get(&s);
-  return s;
-}
+static int in_a_slots(const void *p) { return in_slots(a_slots, a_nslots, p); }
 
 /* n blocks, each filled with its own pattern (key + index). */
 static void **fill_blocks(size_t n, unsigned key) {
