@@ -157,9 +157,15 @@ th_page_t *pool_borrow(th_heap_t *heap, bool purged) {
 bool pool_take_back(th_page_t *page, uint64_t now, uint64_t delay, bool force) {
   if (!th_lock_unless_fork(&pool_lock)) return false;
   incoming_take();
-  bool taken = page_out(page) == TH_OUT_LENT && (force || clock_waited(now, page->free_since_ms, delay));
+  /* A slot lent by a borrower's pool_return is LENT before it is on the incoming stack (pool_lend): until
+   * incoming_take lists it, it is in no queue, and taking it back then unlinked it from a queue it was not in
+   * and let the late push list it as a free slot after its segment had counted it free (a count one short,
+   * a slot used twice). Such a slot waits: its segment keeps counting it. */
+  th_page_queue_t *q = page->is_purged ? &pool_purged : &pool_fresh;
+  bool listed = page->prev != NULL || q->first == page;
+  bool taken = page_out(page) == TH_OUT_LENT && listed && (force || clock_waited(now, page->free_since_ms, delay));
   if (taken) {
-    queue_remove(page->is_purged ? &pool_purged : &pool_fresh, page);
+    queue_remove(q, page);
     atomic_fetch_sub_explicit(pool_free, 1, memory_order_relaxed);
     __atomic_store_n(&page->out, TH_OUT_HOME, __ATOMIC_RELAXED);
     atomic_store_explicit(&page->owner, atomic_load_explicit(&segment_of_page(page)->thread_id, memory_order_relaxed),
